@@ -1,0 +1,55 @@
+# Squall: two commands on a fresh Debian/Ubuntu machine (as root):
+#   make demo    the main job: a small cluster and the default experiment
+#   make test    the tests (unit + integration on real containers)
+# Each bootstraps what it needs (virtualenv, Docker engine, worker image) and rebuilds nothing
+# that did not change.
+
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+SQUALL := $(VENV)/bin/squall
+PYTEST_ARGS ?=
+
+.PHONY: demo test unit integration venv docker image lint typecheck bench gc clean help
+
+help:
+	@echo "make demo | test | unit | integration | lint | typecheck | bench | gc | clean"
+
+venv:
+	@scripts/ensure-venv.sh
+
+docker:
+	@scripts/ensure-docker.sh
+
+image: venv docker
+	@$(SQUALL) image build
+
+demo: image
+	@$(SQUALL) demo
+
+test: image
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
+	@$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+unit: venv
+	@$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+integration: image
+	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+lint: venv
+	@$(VENV)/bin/ruff check .
+
+typecheck: venv
+	@$(VENV)/bin/mypy
+
+bench: image
+	@$(PY) benchmarks/cluster.py --workers 4,8,16 --json results/bench-cluster.json
+
+gc: venv docker
+	@$(SQUALL) gc
+
+clean: venv
+	-@$(SQUALL) gc --all
+	rm -rf $(VENV) containers/.wheelhouse

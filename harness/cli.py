@@ -1,0 +1,174 @@
+"""The ``squall`` command.
+
+Exit codes: 0 success; 1 the thing ran and failed (a job, a check, a validation); 2 bad usage or
+input; 3 the environment is not ready (no Docker engine, no image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 3
+
+logger = logging.getLogger("squall")
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+# -- image ---------------------------------------------------------------------------------------
+def _cmd_image_build(args: argparse.Namespace) -> int:
+    from harness.cluster.engine import docker_client
+    from harness.cluster.image import ensure_worker_image
+
+    t0 = time.monotonic()
+    tag = ensure_worker_image(docker_client(), pull=args.pull)
+    if args.json:
+        _out(json.dumps({"image": tag, "seconds": round(time.monotonic() - t0, 2)}))
+    else:
+        _out(f"worker image: {tag} ({time.monotonic() - t0:.1f} s)")
+    return EXIT_OK
+
+
+def _cmd_image_status(args: argparse.Namespace) -> int:
+    from harness.cluster.engine import docker_client
+    from harness.cluster.image import current_worker_tag
+
+    tag = current_worker_tag(docker_client())
+    if args.json:
+        _out(json.dumps({"image": tag, "built": tag is not None}))
+    else:
+        _out(f"worker image: {tag}" if tag else "worker image: not built for the current inputs ('squall image build')")
+    return EXIT_OK if tag else EXIT_FAILED
+
+
+# -- gc ------------------------------------------------------------------------------------------
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from harness.cluster.engine import docker_client
+    from harness.cluster.gc import collect
+
+    report = collect(docker_client(), everything=args.all, dry_run=args.dry_run)
+    if args.json:
+        _out(json.dumps(report.__dict__))
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        live = sorted(r for r, alive in report.runs.items() if alive and not args.all)
+        _out(f"{verb} {len(report.removed_containers)} container(s), {len(report.removed_networks)} network(s), "
+             f"{len(report.removed_dirs)} state dir(s); {len(live)} live run(s) kept")
+        for err in report.errors:
+            _out(f"  error: {err}")
+    return EXIT_FAILED if report.errors else EXIT_OK
+
+
+# -- cluster -------------------------------------------------------------------------------------
+def _cmd_cluster_run(args: argparse.Namespace) -> int:
+    from harness.cluster import Cluster, ClusterSpec
+
+    config = json.loads(args.config) if args.config else {}
+    spec = ClusterSpec(workers=args.workers, cpus=args.cpus, memory=args.memory)
+    with Cluster(spec) as cluster:
+        results = cluster.run_job(args.entry, config, timeout=args.timeout, raise_on_failure=False)
+    rows = [{"node": r.node, "state": r.state, "exit_code": r.exit_code, "duration_s": r.duration_s,
+             "value": r.value} for r in results]
+    if args.json:
+        _out(json.dumps(rows))
+    else:
+        for row in rows:
+            _out(f"node {row['node']}: {row['state']} exit={row['exit_code']} value={row['value']}")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from harness.demo import run_demo
+
+    return run_demo(workers=args.workers, as_json=args.json)
+
+
+# -- wiring --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``squall``."""
+    parser = argparse.ArgumentParser(prog="squall", description="Distributed-training protocols on bad networks.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    image = sub.add_parser("image", help="the worker image").add_subparsers(dest="image_command", required=True)
+    build = image.add_parser("build", help="build the worker image if its inputs changed")
+    build.add_argument("--pull", action="store_true", help="pull python:3.11-slim as the base if it is missing")
+    build.add_argument("--json", action="store_true")
+    build.set_defaults(func=_cmd_image_build)
+    status = image.add_parser("status", help="is the worker image built for the current inputs?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_image_status)
+
+    gc = sub.add_parser("gc", help="remove containers, networks and files of runs that are gone")
+    gc.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")
+    gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(func=_cmd_gc)
+
+    cluster = sub.add_parser("cluster", help="start a cluster, run one job on every node, tear down")
+    cluster.add_argument("entry", help="job entry point: a registry name (noop, echo_mesh, ...) or module:function")
+    cluster.add_argument("--workers", type=int, default=4)
+    cluster.add_argument("--cpus", type=float, default=1.0)
+    cluster.add_argument("--memory", default="1g")
+    cluster.add_argument("--config", help="the job's config as a JSON object")
+    cluster.add_argument("--timeout", type=float, default=120.0)
+    cluster.add_argument("--json", action="store_true")
+    cluster.set_defaults(func=_cmd_cluster_run)
+
+    demo = sub.add_parser("demo", help="the default experiment on a small cluster")
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--json", action="store_true")
+    demo.set_defaults(func=_cmd_demo)
+
+    for extension in _extensions():
+        extension(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[Any], None]]:
+    """Sub-commands that live in their own modules."""
+    try:
+        from harness.cli_profiles import add_subparser as profiles
+    except ModuleNotFoundError:  # the profiles layer is still being written
+        return []
+    return [profiles]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``squall``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from harness.cluster.errors import ClusterError, ClusterSpecError, EngineUnavailable, ImageError
+
+    try:
+        code: int = args.func(args)
+    except (EngineUnavailable, ImageError) as exc:
+        logger.error("%s", exc)
+        return EXIT_ENVIRONMENT
+    except (ClusterSpecError, ValueError) as exc:
+        logger.error("%s", exc)
+        return EXIT_USAGE
+    except ClusterError as exc:
+        logger.error("%s", exc)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        logger.error("interrupted")
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

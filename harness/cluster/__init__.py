@@ -1,0 +1,29 @@
+"""Docker clusters of worker containers: image, network, containers, agents, jobs, churn and gc.
+
+Only this package talks to Docker (DESIGN.md, section 1).
+"""
+
+from harness.cluster.cluster import Cluster, JobHandle, Node
+from harness.cluster.errors import (
+    ClusterError,
+    ClusterSpecError,
+    EngineUnavailable,
+    ImageError,
+    JobError,
+)
+from harness.cluster.jobs import JobResult
+from harness.cluster.spec import ClusterSpec, Mount
+
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "ClusterSpec",
+    "ClusterSpecError",
+    "EngineUnavailable",
+    "ImageError",
+    "JobError",
+    "JobHandle",
+    "JobResult",
+    "Mount",
+    "Node",
+]

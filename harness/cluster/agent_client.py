@@ -1,0 +1,67 @@
+"""Host side of the agent's control socket (see :mod:`protocols.agent` for the protocol)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.cluster.errors import JobError
+
+MAX_ANSWER = 1 << 20
+
+
+class AgentClient:
+    """Talks to one agent through its Unix socket; one short connection per request."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+
+    def request(self, obj: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
+        """Send one request and return the answer; :class:`JobError` when the agent does not answer."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(str(self.socket_path))
+                sock.sendall(json.dumps(obj).encode() + b"\n")
+                buf = bytearray()
+                while not buf.endswith(b"\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise JobError(f"agent at {self.socket_path} closed the connection")
+                    buf += chunk
+                    if len(buf) > MAX_ANSWER:
+                        raise JobError(f"agent at {self.socket_path} answered more than {MAX_ANSWER} bytes")
+        except OSError as exc:
+            raise JobError(f"agent at {self.socket_path} did not answer {obj.get('cmd')!r}: {exc}") from exc
+        answer = json.loads(buf)
+        if not isinstance(answer, dict):
+            raise JobError(f"agent at {self.socket_path} answered {answer!r}")
+        return answer
+
+    def checked(self, obj: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
+        """Like :meth:`request`, raising :class:`JobError` when the answer is not ``ok``."""
+        answer = self.request(obj, timeout=timeout)
+        if not answer.get("ok"):
+            raise JobError(f"agent refused {obj.get('cmd')!r}: {answer.get('error')}")
+        return answer
+
+    def ping(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The agent's ping answer, or None when it does not answer (yet)."""
+        if not self.socket_path.exists():
+            return None
+        try:
+            return self.checked({"cmd": "ping"}, timeout=timeout)
+        except (JobError, ValueError):
+            return None
+
+    def wait_ready(self, deadline: float) -> dict[str, Any] | None:
+        """Poll until the agent answers or ``deadline`` (time.monotonic) passes."""
+        while time.monotonic() < deadline:
+            answer = self.ping()
+            if answer is not None:
+                return answer
+            time.sleep(0.05)
+        return None

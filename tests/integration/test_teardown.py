@@ -1,0 +1,103 @@
+"""Nothing leaks: normal exit, exceptions, SIGINT/SIGTERM, SIGKILL + gc, and bad specs that create nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from harness.cluster import Cluster, ClusterError, ClusterSpec, ClusterSpecError, ImageError
+from harness.cluster.gc import collect
+from harness.cluster.ownership import new_run_id
+
+from .conftest import labelled
+
+pytestmark = pytest.mark.docker
+REPO = Path(__file__).resolve().parents[2]
+
+
+def assert_gone(client: Any, run_id: str, state_dir: Path, pids: list[int]) -> None:
+    containers, networks = labelled(client, run_id)
+    assert containers == [] and networks == [], f"run {run_id} left {containers} {networks}"
+    assert not state_dir.exists(), f"run {run_id} left {state_dir}"
+    for pid in pids:  # the agents (container inits) are gone from the host
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_teardown_leaves_nothing(docker_client: Any, worker_image: str) -> None:
+    with Cluster(ClusterSpec(workers=4, cpus=0.5, memory="512m"), client=docker_client) as cluster:
+        assert cluster.run_job("noop")[0].ok
+        pids = [n.pid for n in cluster.nodes]
+        containers, networks = labelled(docker_client, cluster.run_id)
+        assert len(containers) == 4 and len(networks) == 1
+    assert_gone(docker_client, cluster.run_id, cluster.state_dir, pids)
+
+
+def test_teardown_on_exception(docker_client: Any, worker_image: str) -> None:
+    cluster = Cluster(ClusterSpec(workers=2, cpus=0.5, memory="512m"), client=docker_client)
+    with pytest.raises(ZeroDivisionError), cluster:
+        pids = [n.pid for n in cluster.nodes]
+        _ = 1 / 0
+    assert_gone(docker_client, cluster.run_id, cluster.state_dir, pids)
+
+
+def _start_holder(workers: int = 2) -> tuple[subprocess.Popen[str], str, Path, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.hold_cluster", str(workers)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "READY", f"holder did not start: {line}"
+    return proc, line[1], Path(line[2]), [int(p) for p in line[3:]]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_teardown_on_signal(docker_client: Any, worker_image: str, sig: signal.Signals) -> None:
+    proc, run_id, state_dir, pids = _start_holder()
+    assert len(labelled(docker_client, run_id)[0]) == 2
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) != 0
+    assert_gone(docker_client, run_id, state_dir, pids)
+
+
+def test_sigkilled_run_is_removed_by_gc_and_live_runs_are_kept(docker_client: Any, worker_image: str) -> None:
+    with Cluster(ClusterSpec(workers=1, cpus=0.5, memory="512m"), client=docker_client) as live:
+        proc, run_id, state_dir, pids = _start_holder()
+        proc.kill()
+        proc.wait(timeout=30)
+        containers, networks = labelled(docker_client, run_id)
+        assert len(containers) == 2 and len(networks) == 1 and state_dir.exists()  # SIGKILL leaks...
+        gc = subprocess.run([str(REPO / ".venv" / "bin" / "squall"), "gc", "--json"], capture_output=True,
+                            text=True, check=False, env=dict(os.environ))
+        assert gc.returncode == 0, gc.stderr
+        assert_gone(docker_client, run_id, state_dir, pids)  # ...and gc removes it
+        assert live.run_job("noop")[0].ok  # a live run is not touched
+        assert len(labelled(docker_client, live.run_id)[0]) == 1
+        assert collect(docker_client, dry_run=True).removed_containers == []
+
+
+def test_bad_specs_create_nothing(docker_client: Any, worker_image: str) -> None:
+    run_id = new_run_id()
+    with pytest.raises(ClusterSpecError, match="'no-such-image:1' is not present"):
+        Cluster(ClusterSpec(workers=2, image="no-such-image:1"), client=docker_client, run_id=run_id).start()
+    bridge = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Subnet"]
+    with pytest.raises(ClusterSpecError, match="already in use"):
+        Cluster(ClusterSpec(workers=2, subnet=bridge), client=docker_client, run_id=run_id).start()
+    assert labelled(docker_client, run_id) == ([], [])
+
+
+def test_a_subnet_taken_by_another_run_is_refused(docker_client: Any, worker_image: str) -> None:
+    with Cluster(ClusterSpec(workers=1, cpus=0.5, memory="512m"), client=docker_client) as first:
+        run_id = new_run_id()
+        with pytest.raises(ClusterSpecError, match="already in use"):
+            Cluster(ClusterSpec(workers=1, subnet=str(first.subnet)), client=docker_client, run_id=run_id).start()
+        assert labelled(docker_client, run_id) == ([], [])
+
+
+def test_errors_are_clusters_errors() -> None:
+    assert issubclass(ImageError, ClusterError) and issubclass(ClusterSpecError, ValueError)
