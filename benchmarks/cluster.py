@@ -1,0 +1,84 @@
+"""Cluster benchmark: time to ready, job dispatch overhead, teardown time, idle container memory.
+
+    .venv/bin/python benchmarks/cluster.py --workers 4,8,16 --json results/bench-cluster.json
+
+Targets on a 2-core machine with the image built: 16 workers ready <= 15 s, dispatch overhead
+<= 0.5 s per job, idle container <= 150 MB. Memory is the container's cgroup usage without page
+cache (v1: ``rss``; v2: ``anon``), i.e. what one more idle worker costs; shared library pages of
+the image are counted in the page cache, shared by all containers, and not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import Cluster, ClusterSpec
+from harness.cluster.engine import docker_client
+
+TARGETS = {"ready_s@16": 15.0, "dispatch_s": 0.5, "idle_mb": 150.0}
+
+
+def idle_memory_mb(client: Any, container_id: str) -> float:
+    stats = client.api.stats(container_id, stream=False)["memory_stats"]["stats"]
+    anon = stats.get("total_rss", stats.get("rss", stats.get("anon", 0)))
+    return float(anon) / 2**20
+
+
+def measure(workers: int, dispatches: int) -> dict[str, Any]:
+    client = docker_client()
+    t0 = time.monotonic()
+    cluster = Cluster(ClusterSpec(workers=workers, cpus=1.0, memory="1g"), client=client).start()
+    ready = time.monotonic() - t0
+    try:
+        cluster.run_job("noop")  # warm-up
+        times = []
+        for _ in range(dispatches):
+            t = time.monotonic()
+            cluster.run_job("noop")
+            times.append(time.monotonic() - t)
+        time.sleep(1.0)
+        mems = [idle_memory_mb(client, n.container_id) for n in cluster.nodes]
+    finally:
+        t = time.monotonic()
+        cluster.close()
+        teardown = time.monotonic() - t
+    return {"workers": workers, "ready_s": ready, "dispatch_s_median": statistics.median(times),
+            "dispatch_s_max": max(times), "teardown_s": teardown, "idle_mb_median": statistics.median(mems),
+            "idle_mb_max": max(mems)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="4,8,16", help="comma-separated cluster sizes")
+    parser.add_argument("--dispatches", type=int, default=10, help="empty jobs timed per size")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    rows = [measure(int(n), args.dispatches) for n in args.workers.split(",")]
+    header = f"{'workers':>7} {'ready s':>8} {'dispatch s (med/max)':>21} {'teardown s':>10} {'idle MB (med/max)':>18}"
+    print(header)
+    for r in rows:
+        print(f"{r['workers']:>7} {r['ready_s']:>8.2f} {r['dispatch_s_median']:>10.3f} / {r['dispatch_s_max']:<8.3f} "
+              f"{r['teardown_s']:>10.2f} {r['idle_mb_median']:>8.1f} / {r['idle_mb_max']:<7.1f}")
+    verdicts = {
+        "ready_16_le_15s": next((r["ready_s"] <= TARGETS["ready_s@16"] for r in rows if r["workers"] == 16), None),
+        "dispatch_le_0.5s": all(r["dispatch_s_median"] <= TARGETS["dispatch_s"] for r in rows),
+        "idle_le_150mb": all(r["idle_mb_max"] <= TARGETS["idle_mb"] for r in rows),
+    }
+    print("targets:", ", ".join(f"{k}={'met' if v else 'MISSED' if v is not None else 'n/a'}"
+                                 for k, v in verdicts.items()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows, "targets": TARGETS, "verdicts": verdicts}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
