@@ -1,0 +1,175 @@
+"""The Profile: one emulated world (links, phases, churn, devices), resolved for a cluster of n nodes.
+
+Phases are **not cumulative**: from its ``at`` until the next phase starts, a phase's ``links`` are
+applied on top of the base ``links`` (every key a phase sets for a link wins over whatever the base
+says for it, whatever scope either came from); the previous phase no longer counts. A phase with no
+``links`` returns to the base.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from harness.profiles.churn import ChurnPlan
+from harness.profiles.devices import DeviceModel
+from harness.profiles.errors import Origin
+from harness.profiles.links import LinkRules
+from harness.profiles.model import ChurnEvent, DeviceSpec, LinkSpec, NodeLinkSpec
+from harness.profiles.regions import RegionSet
+from harness.profiles.resolve import Resolver, check_link, check_node_rules
+from harness.profiles.selectors import NodeSelector
+
+logger = logging.getLogger(__name__)
+
+_SHOWN_LINKS = 4  # links named in a grouped warning
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Link settings that hold from one time on, until the next phase."""
+
+    origin: Origin  # phases[i]
+    at_us: int  # start, microseconds from the start of the run
+    name: str  # optional label ("" when not given)
+    links: LinkRules  # applied on top of the base links
+
+    @property
+    def at_s(self) -> float:
+        """Start in seconds."""
+        return self.at_us / 1e6
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A network profile read from YAML; see ``netem_profiles/README.md`` for the schema."""
+
+    name: str  # short name, also the file's stem for shipped profiles
+    description: str  # one line for listings
+    source: str  # the file it was read from, or "<string>"
+    min_workers: int  # smallest cluster it is meant for
+    regions: RegionSet  # named node groups
+    base: LinkRules  # the top-level links
+    phases: tuple[Phase, ...]  # later link changes, in time order
+    churn: ChurnPlan  # failures in time
+    devices: DeviceModel  # compute speed per node
+
+    def phase_at(self, at: float) -> Phase | None:
+        """The phase in force at ``at`` seconds, or None while the base holds."""
+        index = bisect.bisect_right([phase.at_s for phase in self.phases], at)
+        return self.phases[index - 1] if index else None
+
+    def change_times(self) -> tuple[float, ...]:
+        """Times (seconds) at which link settings may change: the shaping layer re-applies links there."""
+        return tuple(phase.at_s for phase in self.phases)
+
+    def link(self, src: int, dst: int, n: int, at: float = 0.0) -> LinkSpec:
+        """The effective settings of the directed link src -> dst in a cluster of n, at ``at`` seconds."""
+        resolver = self._resolver(src, dst, n, self.phase_at(at))
+        spec = resolver.build()
+        check_link(spec, resolver)
+        return spec
+
+    def links(self, n: int, at: float = 0.0) -> dict[tuple[int, int], LinkSpec]:
+        """Every ordered pair's link settings in a cluster of n, at ``at`` seconds."""
+        return {(src, dst): self.link(src, dst, n, at) for src in range(n) for dst in range(n) if src != dst}
+
+    def explain(self, src: int, dst: int, n: int, at: float = 0.0) -> dict[str, str]:
+        """Which key path set each non-default field of the link (LinkSpec field -> key path)."""
+        resolver = self._resolver(src, dst, n, self.phase_at(at))
+        return {field: origin.key for field, origin in resolver.origins.items()}
+
+    def node_link(self, node: int, n: int, at: float = 0.0) -> NodeLinkSpec:
+        """The node's shared uplink/downlink rates (from ``links.nodes`` entries) at ``at`` seconds."""
+        _check_node(node, n)
+        uplink, downlink = None, None
+        phase = self.phase_at(at)
+        for rules in (self.base, phase.links if phase else None):
+            for rule in rules.nodes if rules else ():
+                if node in rule.nodes.nodes(n):
+                    uplink = rule.uplink_bps if rule.uplink_bps is not None else uplink
+                    downlink = rule.downlink_bps if rule.downlink_bps is not None else downlink
+        return NodeLinkSpec(uplink, downlink)
+
+    def region_of(self, node: int, n: int) -> str | None:
+        """The node's region, or None."""
+        _check_node(node, n)
+        return self.regions.region_of(n).get(node)
+
+    def churn_events(self, n: int, duration: float) -> list[ChurnEvent]:
+        """Every churn event before ``duration`` seconds in a cluster of n, sorted by time."""
+        return self.churn.expand(n, duration)
+
+    def device(self, node: int, n: int) -> DeviceSpec:
+        """How fast ``node`` computes in a cluster of n."""
+        _check_node(node, n)
+        return self.devices.device(node, n)
+
+    def required_workers(self) -> int:
+        """The smallest n this profile can be checked for: min_workers, 2, and every explicit index."""
+        return max([self.min_workers, 2, *(selector.min_workers() for selector in self._selectors())])
+
+    def validate_for(self, n: int) -> list[str]:
+        """Check everything that depends on n; raise ProfileError, or return (and log) warnings."""
+        if n < 1:
+            raise ValueError(f"a cluster needs at least one node, got n={n}")
+        if n < self.min_workers:
+            raise Origin(self.source, "min_workers").error(
+                f"the profile needs at least {self.min_workers} workers",
+                value=n,
+                allowed=f">= {self.min_workers}",
+            )
+        for selector in self._selectors():
+            selector.nodes(n)
+        self.regions.region_of(n)
+        grouped: defaultdict[str, list[str]] = defaultdict(list)
+        for phase in (None, *self.phases):
+            check_node_rules(phase.links if phase else self.base, n)
+            for src in range(n):
+                for dst in range(n):
+                    if src != dst:
+                        resolver = self._resolver(src, dst, n, phase)
+                        for warning in check_link(resolver.build(), resolver):
+                            grouped[warning].append(resolver.label)
+            for node in range(n):
+                self.node_link(node, n, phase.at_s if phase else 0.0)
+        self.churn.scheduled(n)
+        for node in range(n):
+            self.devices.device(node, n)
+        warnings = [_grouped(text, labels) for text, labels in grouped.items()]
+        for warning in warnings:
+            logger.warning("%s", warning)
+        return warnings
+
+    def _resolver(self, src: int, dst: int, n: int, phase: Phase | None) -> Resolver:
+        """Accumulate the base links, then the phase's, for one directed link."""
+        _check_node(src, n)
+        _check_node(dst, n)
+        if src == dst:
+            raise ValueError(f"a link needs two different nodes, got {src} -> {dst}")
+        resolver = Resolver(src, dst, n)
+        resolver.apply_rules(self.base, self.regions)
+        if phase is not None:
+            resolver.apply_rules(phase.links, self.regions)
+        return resolver
+
+    def _selectors(self) -> list[NodeSelector]:
+        """Every node selector in the profile."""
+        found = [region.nodes for region in self.regions.regions] + self.base.selectors()
+        for phase in self.phases:
+            found += phase.links.selectors()
+        return found + self.churn.selectors() + self.devices.selectors()
+
+
+def _check_node(node: int, n: int) -> None:
+    """Reject a node index outside the cluster (a caller's mistake, not the profile's)."""
+    if not 0 <= node < n:
+        raise ValueError(f"node {node} is not in a cluster of {n} nodes")
+
+
+def _grouped(text: str, labels: list[str]) -> str:
+    """One warning for all the links it applies to."""
+    shown = ", ".join(labels[:_SHOWN_LINKS]) + (", ..." if len(labels) > _SHOWN_LINKS else "")
+    return f"{text} (on {len(labels)} link{'s' if len(labels) > 1 else ''}: {shown})"
