@@ -138,10 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions() -> list[Callable[[Any], None]]:
     """Sub-commands that live in their own modules."""
-    try:
-        from harness.cli_profiles import add_subparser as profiles
-    except ModuleNotFoundError:  # the profiles layer is still being written
-        return []
+    from harness.cli_profiles import add_subparser as profiles
+
     return [profiles]
 
 
