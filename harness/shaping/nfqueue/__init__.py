@@ -1,0 +1,44 @@
+"""NFQUEUE shaping backend: a userspace delay daemon for kernels without ``sch_netem``.
+
+Packets are delayed where they arrive. In each receiving namespace an iptables rule in
+``mangle PREROUTING`` sends each source peer's packets to its own NFQUEUE (:mod:`.rules`). One
+daemon process on the host (:mod:`.daemon`) holds a netlink socket in every namespace, keeps each
+packet until its link model (:mod:`.engine`) says it is due, and then issues the ACCEPT verdict
+(or DROP for loss). The harness starts and watches it with :mod:`.launcher` and changes links at
+run time through :mod:`.control`.
+
+Modules, one job each: ``config`` (frozen dataclasses, JSON), ``jitter``/``loss``/``engine``
+(pure link models), ``histogram`` and ``scheduler`` (pure timing), ``netlink`` (wire format and
+socket), ``netns`` and ``timer`` (ctypes syscalls), ``state`` and ``daemon`` (the event loop),
+``cli`` (process entry point),
+``server``/``control`` (control protocol), ``launcher`` (process), ``rules`` and ``nft_table``
+(iptables), ``probe`` (application-level measurement).
+"""
+
+from __future__ import annotations
+
+from .config import DaemonConfig, GilbertElliott, LinkParams, NamespaceSpec, QueueSpec
+from .control import ControlClient
+from .engine import DROP, LinkModel
+from .errors import ConfigError, ControlError, DaemonDied, NfqueueError, RulesError
+from .launcher import DaemonProcess
+from .rules import InstalledRules, SourceRule
+
+__all__ = [
+    "DROP",
+    "ConfigError",
+    "ControlClient",
+    "ControlError",
+    "DaemonConfig",
+    "DaemonDied",
+    "DaemonProcess",
+    "GilbertElliott",
+    "InstalledRules",
+    "LinkModel",
+    "LinkParams",
+    "NamespaceSpec",
+    "NfqueueError",
+    "QueueSpec",
+    "RulesError",
+    "SourceRule",
+]
