@@ -42,6 +42,7 @@ from harness.cluster.jobs import JobResult
 from harness.cluster.ownership import LABEL_NODE, Owner, new_run_id, state_root, write_owner
 from harness.cluster.spec import ClusterSpec, node_address
 from harness.cluster.subnets import overlapping, pick_free
+from harness.shaping.base import Endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +307,11 @@ class Cluster:
         """Run ``entry`` on ``nodes`` (default all) and wait for every result."""
         return self.start_job(entry, config, nodes=nodes, timeout=timeout, seed=seed).wait(
             raise_on_failure=raise_on_failure)
+
+    def endpoints(self) -> list[Endpoint]:
+        """What the shaping layer needs of each node: index, address and network namespace."""
+        self._require_running()
+        return [Endpoint(n.index, n.address, n.netns_path) for n in self.nodes]
 
     # -- churn ------------------------------------------------------------------------------------
     def kill(self, index: int) -> None:
