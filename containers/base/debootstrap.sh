@@ -10,7 +10,9 @@ tag=$1 suite=$2 mirror=$3 packages=$4
 
 if ! command -v debootstrap >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq debootstrap >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null && apt-get install -y -qq debootstrap >/dev/null; }
     else
         echo "squall: debootstrap is missing: install it (apt-get install debootstrap) or provide python:3.11-slim" >&2
         exit 1

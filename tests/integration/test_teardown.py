@@ -101,3 +101,24 @@ def test_a_subnet_taken_by_another_run_is_refused(docker_client: Any, worker_ima
 
 def test_errors_are_clusters_errors() -> None:
     assert issubclass(ImageError, ClusterError) and issubclass(ClusterSpecError, ValueError)
+
+
+def test_two_runs_at_once_get_separate_networks(docker_client: Any, worker_image: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = ClusterSpec(workers=2, cpus=0.5, memory="512m")
+    clusters = [Cluster(spec, client=docker_client), Cluster(spec, client=docker_client)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(Cluster.start, clusters))
+        a, b = clusters
+        assert a.subnet is not None and b.subnet is not None and not a.subnet.overlaps(b.subnet)
+        assert a.network_name != b.network_name and {n.name for n in a.nodes}.isdisjoint(n.name for n in b.nodes)
+        with ThreadPoolExecutor(2) as pool:  # both data planes work at the same time, on the same port
+            results = list(pool.map(lambda c: c.run_job("echo_mesh", {"rounds": 3}, timeout=60), clusters))
+        assert all(r.ok for rs in results for r in rs)
+    finally:
+        for c in clusters:
+            c.close()
+    for c in clusters:
+        assert labelled(docker_client, c.run_id) == ([], [])
