@@ -23,6 +23,7 @@ docker:
 
 image: venv docker
 	@$(SQUALL) image build
+	@$(SQUALL) image prune >/dev/null
 
 demo: image
 	@$(SQUALL) demo

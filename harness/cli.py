@@ -52,6 +52,21 @@ def _cmd_image_status(args: argparse.Namespace) -> int:
     return EXIT_OK if tag else EXIT_FAILED
 
 
+def _cmd_image_prune(args: argparse.Namespace) -> int:
+    from harness.cluster.engine import docker_client
+    from harness.cluster.image import prune_images
+
+    removed, errors = prune_images(docker_client(), dry_run=args.dry_run)
+    if args.json:
+        _out(json.dumps({"removed": removed, "errors": errors}))
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        _out(f"{verb} {len(removed)} stale image(s)" + "".join(f"\n  {t}" for t in removed))
+        for err in errors:
+            _out(f"  error: {err}")
+    return EXIT_FAILED if errors else EXIT_OK
+
+
 # -- gc ------------------------------------------------------------------------------------------
 def _cmd_gc(args: argparse.Namespace) -> int:
     from harness.cluster.engine import docker_client
@@ -109,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = image.add_parser("status", help="is the worker image built for the current inputs?")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=_cmd_image_status)
+
+    prune = image.add_parser("prune", help="remove squall images built for inputs that are no longer current")
+    prune.add_argument("--dry-run", action="store_true")
+    prune.add_argument("--json", action="store_true")
+    prune.set_defaults(func=_cmd_image_prune)
 
     gc = sub.add_parser("gc", help="remove containers, networks and files of runs that are gone")
     gc.add_argument("--all", action="store_true", help="also remove runs whose owner is still alive")

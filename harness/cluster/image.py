@@ -222,3 +222,34 @@ def current_worker_tag(client: Any) -> str | None:
         return None
     tag = worker_tag(base.identity)
     return tag if _image_id(client, tag) else None
+
+
+def stale_images(client: Any) -> list[str]:
+    """Squall images built for inputs that are no longer current (left by earlier builds)."""
+    keep: set[str] = set()
+    current = current_worker_tag(client)
+    if current is not None:
+        keep.add(current)
+        keep.add(choose_base(client).tag)
+    stale = []
+    for img in client.images.list(filters={"dangling": False}):
+        for tag in img.tags:
+            if tag.split(":")[0] in {WORKER_REPO, BASE_REPO} and tag not in keep:
+                stale.append(tag)
+    return sorted(stale)
+
+
+def prune_images(client: Any, *, dry_run: bool = False) -> tuple[list[str], list[str]]:
+    """Remove :func:`stale_images`; returns (removed, errors). An image still in use is kept."""
+    removed: list[str] = []
+    errors: list[str] = []
+    for tag in stale_images(client):
+        if dry_run:
+            removed.append(tag)
+            continue
+        try:
+            client.images.remove(tag)
+            removed.append(tag)
+        except DockerException as exc:
+            errors.append(f"{tag}: {exc}")
+    return removed, errors
