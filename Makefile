@@ -23,7 +23,7 @@ docker:
 
 image: venv docker
 	@$(SQUALL) image build
-	@$(SQUALL) image prune >/dev/null
+	@$(SQUALL) image prune >/dev/null || true  # an image still in use is kept
 
 demo: image
 	@$(SQUALL) demo
