@@ -1,0 +1,135 @@
+"""What a run leaves for the checks: one :class:`RunTrace` built from the workers' metrics JSONL.
+
+Workers write records with their wall-clock time (all containers share the host clock), so records
+of different workers are aligned by ``wall - start``. Only the fields the checks need are kept;
+everything else stays in the JSONL files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step of one worker."""
+
+    worker: int  # node index
+    step: int  # the worker's own step counter
+    t: float  # seconds since the run started (shared clock)
+    loss: float | None = None  # training loss of the step
+    eval_loss: float | None = None  # held-out loss, when the step evaluated
+    accuracy: float | None = None  # held-out accuracy, when the step evaluated
+    bytes_sent: int = 0  # cumulative bytes this worker sent
+    projection: tuple[float, ...] = ()  # fixed random projection of the parameters (same matrix everywhere)
+    param_hash: str = ""  # hash of the parameter bytes
+    norm: float | None = None  # parameter norm
+
+
+@dataclass(frozen=True)
+class ChurnMark:
+    """A churn event as it was applied, for plots and for excluding dead workers."""
+
+    t: float  # seconds since the run started
+    kind: str  # kill, restart, pause, link_down, partition, ...
+    nodes: tuple[int, ...] = ()  # affected nodes
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """Everything one cell of a matrix produced."""
+
+    protocol: str  # e.g. "ring"
+    profile: str  # e.g. "wan-5ms"
+    workers: int  # cluster size
+    seed: int  # run seed
+    backend: str  # shaping backend that ran ("netem", "nfqueue", or "none")
+    records: tuple[StepRecord, ...]  # every worker's steps, in time order
+    churn: tuple[ChurnMark, ...] = ()  # churn applied during the run
+    survivors: tuple[int, ...] = ()  # workers alive at the end (default: all)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # anything else (task, lr, durations)
+
+    def of(self, worker: int) -> list[StepRecord]:
+        """One worker's records in time order."""
+        return [r for r in self.records if r.worker == worker]
+
+    @property
+    def alive(self) -> tuple[int, ...]:
+        """Workers alive at the end."""
+        return self.survivors or tuple(range(self.workers))
+
+    @property
+    def duration(self) -> float:
+        """Time of the last record."""
+        return max((r.t for r in self.records), default=0.0)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+#: Accepted spellings of each field in the workers' records.
+FIELD_NAMES: Mapping[str, tuple[str, ...]] = {
+    "step": ("step",),
+    "wall": ("wall", "wall_time"),
+    "loss": ("loss", "train_loss"),
+    "eval_loss": ("eval_loss", "test_loss"),
+    "accuracy": ("accuracy", "eval_accuracy", "test_accuracy", "acc"),
+    "bytes_sent": ("bytes_sent", "tx_bytes"),
+    "projection": ("projection", "proj", "param_projection"),
+    "param_hash": ("param_hash", "hash", "params_hash"),
+    "norm": ("norm", "param_norm"),
+}
+
+
+def _get(rec: Mapping[str, Any], key: str) -> Any:
+    return next((rec[name] for name in FIELD_NAMES[key] if name in rec), None)
+
+
+def step_records(worker: int, records: Iterable[Mapping[str, Any]], start_wall: float) -> list[StepRecord]:
+    """Turn one worker's JSONL records into :class:`StepRecord` (records without a step are skipped)."""
+    out = []
+    for rec in records:
+        step, wall = _get(rec, "step"), _num(_get(rec, "wall"))
+        if not isinstance(step, int) or wall is None:
+            continue
+        proj = _get(rec, "projection")
+        out.append(StepRecord(
+            worker=worker, step=step, t=wall - start_wall, loss=_num(_get(rec, "loss")),
+            eval_loss=_num(_get(rec, "eval_loss")), accuracy=_num(_get(rec, "accuracy")),
+            bytes_sent=int(_get(rec, "bytes_sent") or 0),
+            projection=tuple(float(v) for v in proj) if isinstance(proj, list) else (),
+            param_hash=str(_get(rec, "param_hash") or ""), norm=_num(_get(rec, "norm")),
+        ))
+    return out
+
+
+def build_trace(*, protocol: str, profile: str, seed: int, backend: str,
+                per_worker: Sequence[Sequence[Mapping[str, Any]]], start_wall: float,
+                churn: Sequence[ChurnMark] = (), survivors: Sequence[int] = (),
+                meta: Mapping[str, Any] | None = None) -> RunTrace:
+    """A :class:`RunTrace` from each worker's decoded metrics records (index = worker)."""
+    records = [r for w, recs in enumerate(per_worker) for r in step_records(w, recs, start_wall)]
+    records.sort(key=lambda r: (r.t, r.worker))
+    return RunTrace(protocol=protocol, profile=profile, workers=len(per_worker), seed=seed, backend=backend,
+                    records=tuple(records), churn=tuple(churn), survivors=tuple(survivors), meta=dict(meta or {}))
+
+
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a truncated last line (a crash mid-write) is dropped."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

@@ -1,0 +1,146 @@
+"""Table tests of the pure checks: converged, drift bounded, speedup, fidelity, and the trace loader."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from harness.checks import Target, Verdict, converged, drift_bounded, fidelity, safe, speedup
+from harness.trace import RunTrace, StepRecord, build_trace
+
+
+def trace(curves: dict[int, list[tuple[float, float]]], *, metric: str = "accuracy", protocol: str = "p",
+          seed: int = 0, survivors: tuple[int, ...] = ()) -> RunTrace:
+    """A trace whose worker w has (t, value) points of ``metric``."""
+    recs = [StepRecord(worker=w, step=k, t=t, **{metric: v})
+            for w, pts in curves.items() for k, (t, v) in enumerate(pts)]
+    return RunTrace(protocol, "lan", len(curves), seed, "none", tuple(sorted(recs, key=lambda r: r.t)),
+                    survivors=survivors)
+
+
+def drift_trace(distance: Callable[[float], float], n: int = 3, points: int = 40) -> RunTrace:
+    """Workers whose projections are ``distance(t)`` apart along one axis."""
+    recs = []
+    for w in range(n):
+        for k in range(points):
+            t = float(k)
+            recs.append(StepRecord(worker=w, step=k, t=t, projection=(w * distance(t) / (n - 1), 0.0)))
+    return RunTrace("p", "lan", n, 0, "none", tuple(recs))
+
+
+ACC = Target("accuracy", 0.9)
+
+
+@pytest.mark.parametrize(
+    ("curves", "target", "passed", "why"),
+    [
+        ({0: [(1, 0.5), (2, 0.95)], 1: [(1, 0.6), (3, 0.91)]}, ACC, True, "after 3.0 s"),
+        ({0: [(1, 0.5), (2, 0.95)], 1: [(1, 0.6), (3, 0.85)]}, ACC, False, "worker 1 never got there (best 0.85)"),
+        ({0: [(1, 0.95)], 1: [(9, 0.95)]}, Target("accuracy", 0.9, budget_s=5), False, "worker 1 took 9.0 s"),
+        ({0: [(1, 0.3), (2, 0.5), (3, 0.95)]}, Target("accuracy", 0.9, budget_steps=1), False, "took 2 steps"),
+        ({0: [(1, 0.9)]}, ACC, True, "after 1.0 s"),
+    ],
+)
+def test_converged(curves: dict[int, list[tuple[float, float]]], target: Target, passed: bool, why: str) -> None:
+    verdict = converged(trace(curves), target)
+    assert verdict.passed is passed and why in verdict.why, verdict.line()
+
+
+def test_converged_on_loss_is_lower_is_better() -> None:
+    t = trace({0: [(1, 2.0), (2, 0.4)]}, metric="eval_loss")
+    assert converged(t, Target("eval_loss", 0.5)).passed is True
+    assert converged(t, Target("eval_loss", 0.1)).passed is False
+
+
+def test_converged_ignores_dead_workers_and_is_unknown_without_data() -> None:
+    t = trace({0: [(1, 0.95)], 1: [(1, 0.1)]}, survivors=(0,))
+    assert converged(t, ACC).passed is True
+    assert converged(trace({0: [(1, 0.95)]}, metric="loss"), ACC).unknown
+
+
+@pytest.mark.parametrize("bad", [{"metric": "speed"}, {"budget_s": 0}, {"budget_steps": -1}])
+def test_target_rejects_impossible_values(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        Target(**{"metric": "accuracy", "value": 0.9, **bad})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("distance", "bound", "growth", "passed", "why"),
+    [
+        (lambda t: 0.1, 0.2, 1.5, True, "peak 0.1"),
+        (lambda t: 0.1 + 0.001 * math.sin(t), 0.05, None, False, "distance reached"),
+        (lambda t: 0.01 * t, 1.0, 1.5, False, "drift grows"),
+        (lambda t: 1.0 / (1 + t), 2.0, 1.0, True, "growth"),
+    ],
+)
+def test_drift_bounded(distance: Callable[[float], float], bound: float, growth: float | None, passed: bool,
+                       why: str) -> None:
+    verdict = drift_bounded(drift_trace(distance), bound, max_growth=growth)
+    assert verdict.passed is passed and why in verdict.why, verdict.line()
+
+
+def test_drift_is_unknown_with_one_worker_and_when_projections_disagree() -> None:
+    assert drift_bounded(drift_trace(lambda t: 0.1, n=2, points=2), 1.0).unknown
+    single = RunTrace("p", "lan", 1, 0, "none", (StepRecord(0, 0, 0.0, projection=(1.0,)),))
+    assert drift_bounded(single, 1.0).unknown
+    bad = RunTrace("p", "lan", 2, 0, "none", tuple(
+        StepRecord(w, k, float(k), projection=(1.0,) * (1 + w)) for w in range(2) for k in range(10)))
+    verdict = drift_bounded(bad, 1.0)
+    assert verdict.unknown and "crashed" in verdict.why and "different lengths" in verdict.why
+
+
+def runs(protocol: str, times: list[float | None]) -> list[RunTrace]:
+    out = []
+    for seed, t in enumerate(times):
+        pts = [(1.0, 0.1), (t, 0.95)] if t is not None else [(1.0, 0.1), (30.0, 0.5)]
+        out.append(trace({0: pts, 1: pts}, protocol=protocol, seed=seed))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("fast", "slow", "at_least", "passed", "measured"),
+    [
+        ([2.0, 2.2, 1.8], [4.0, 4.4, 3.6], 1.7, True, 2.0),
+        ([2.0, 2.2, 1.8], [4.0, 4.4, 3.6], 2.5, False, 2.0),
+        ([2.0, 9.0, 2.1], [4.2, 4.0, 30.0], 1.9, True, 2.0),  # medians resist one outlier each
+        ([2.0], [None], 10.0, True, 15.0),  # slow never got there: duration 30 s is a lower bound
+    ],
+)
+def test_speedup(fast: list[float], slow: list[float | None], at_least: float, passed: bool, measured: float) -> None:
+    verdict = speedup(runs("a", list(fast)), runs("b", slow), ACC, at_least=at_least)
+    assert verdict.passed is passed and verdict.measured == pytest.approx(measured, rel=1e-3), verdict.line()
+
+
+def test_speedup_fails_when_the_fast_protocol_never_converges_and_is_unknown_without_runs() -> None:
+    assert speedup(runs("a", [None]), runs("b", [3.0]), ACC, at_least=1).passed is False
+    assert speedup([], runs("b", [3.0]), ACC, at_least=1).unknown
+
+
+def test_fidelity_aggregates_link_verdicts() -> None:
+    ok = Verdict("delay 0->1", True, 5.0, "5 ms +- 0.5", "fine")
+    bad = Verdict("delay 1->0", False, 9.0, "5 ms +- 0.5", "too slow")
+    undecided = Verdict("loss 0->1", None, None, "1 %", "12 packets")
+    assert fidelity([ok, ok]).passed is True
+    assert fidelity([ok, bad]).passed is False and "too slow" in fidelity([ok, bad]).why
+    assert fidelity([ok, undecided]).unknown
+    assert fidelity([]).unknown
+
+
+def test_a_crashing_check_is_unknown_never_a_pass() -> None:
+    @safe("boom")
+    def check() -> Verdict:
+        raise ZeroDivisionError("x")
+
+    verdict = check()
+    assert verdict.unknown and "ZeroDivisionError" in verdict.why and verdict.line().startswith("UNKNOWN")
+
+
+def test_build_trace_aligns_workers_on_the_shared_clock_and_skips_junk() -> None:
+    w0 = [{"step": 0, "wall": 100.5, "loss": 2.0, "projection": [1, 2]}, {"note": "no step"}]
+    w1 = [{"step": 0, "wall_time": 100.2, "train_loss": 1.5, "hash": "ab", "acc": 0.5, "loss": float("nan")}]
+    t = build_trace(protocol="ring", profile="lan", seed=1, backend="nfqueue", per_worker=[w0, w1], start_wall=100.0)
+    assert [(r.worker, r.t) for r in t.records] == [(1, pytest.approx(0.2)), (0, pytest.approx(0.5))]
+    assert t.of(0)[0].projection == (1.0, 2.0) and t.of(1)[0].param_hash == "ab"
+    assert t.of(1)[0].loss is None and t.of(1)[0].accuracy == 0.5  # NaN is not a value
