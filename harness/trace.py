@@ -133,3 +133,25 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def trace_to_json(trace: RunTrace) -> dict[str, Any]:
+    """Plain data for results files (the inverse of :func:`trace_from_json`)."""
+    return {
+        "protocol": trace.protocol, "profile": trace.profile, "workers": trace.workers, "seed": trace.seed,
+        "backend": trace.backend, "survivors": list(trace.survivors), "meta": dict(trace.meta),
+        "churn": [[c.t, c.kind, list(c.nodes)] for c in trace.churn],
+        "records": [[r.worker, r.step, r.t, r.loss, r.eval_loss, r.accuracy, r.bytes_sent, list(r.projection),
+                     r.param_hash, r.norm] for r in trace.records],
+    }
+
+
+def trace_from_json(obj: Mapping[str, Any]) -> RunTrace:
+    """A trace from :func:`trace_to_json` output."""
+    records = tuple(StepRecord(worker=int(w), step=int(s), t=float(t), loss=loss, eval_loss=ev, accuracy=acc,
+                               bytes_sent=int(b), projection=tuple(proj), param_hash=str(h), norm=norm)
+                    for w, s, t, loss, ev, acc, b, proj, h, norm in obj["records"])
+    churn = tuple(ChurnMark(float(t), str(k), tuple(n)) for t, k, n in obj.get("churn", []))
+    return RunTrace(protocol=obj["protocol"], profile=obj["profile"], workers=int(obj["workers"]),
+                    seed=int(obj["seed"]), backend=obj["backend"], records=records, churn=churn,
+                    survivors=tuple(obj.get("survivors", [])), meta=dict(obj.get("meta", {})))
