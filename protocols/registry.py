@@ -16,6 +16,9 @@ REGISTRY: dict[str, str] = {
     "sleep": "protocols.jobs.diagnostics:sleep",
     "fail": "protocols.jobs.diagnostics:fail",
     "sysinfo": "protocols.jobs.diagnostics:sysinfo",
+    "udp_probe": "protocols.jobs.probes:udp_probe",
+    "tcp_goodput": "protocols.jobs.probes:tcp_goodput",
+    "tcp_rtt": "protocols.jobs.probes:tcp_rtt",
 }
 
 

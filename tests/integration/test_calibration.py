@@ -1,0 +1,66 @@
+"""``calibrate`` end to end: a real cluster, the default backend, the shipped ``wan-5ms`` profile.
+
+A correct backend fails this with probability <= 1 %: the run's loss checks share a 1 % budget,
+the delay and jitter checks are below 1e-6 each, and the rate checks are tolerances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import cli_calibrate
+from harness.calibration.runner import calibrate
+from harness.calibration.verdicts import Verdict
+from harness.shaping import LinkState, Shaper, netem_available
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+logger = logging.getLogger(__name__)
+
+
+def test_wan_5ms_on_three_workers_passes(docker_client: Any, worker_image: str) -> None:
+    report = calibrate("wan-5ms", workers=3)
+    logger.info("%s", report.format())
+    assert report.backend == ("netem" if netem_available() else "nfqueue")
+    assert report.passed(), report.format()
+    assert len(report.rows) == 6 * 4  # delay, jitter, loss and rate on each of the 6 directed links
+    assert {r.metric for r in report.rows} == {"delay", "jitter", "loss", "rate"}
+    assert report.duration_s < 120
+    delays = [r.measured for r in report.rows if r.metric == "delay"]
+    assert all(d is not None and 4.5 <= d <= 5.5 for d in delays)
+
+
+def test_cli_writes_json_and_fails_when_the_links_differ_from_the_profile(
+        docker_client: Any, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shaper is handed 5 ms and 1 Gbit/s whatever it is asked for; judged against thin-20mbit
+    (10 ms, 20 Mbit/s), the delay and the rate must fail and the CLI exit 1."""
+    from harness import shaping
+
+    real_open = shaping.open_shaper
+
+    class Lying:
+        def __init__(self, inner: Shaper) -> None:
+            self.inner, self.backend = inner, inner.backend
+
+        def apply(self, state: LinkState) -> None:
+            wrong = {k: dataclasses.replace(v, delay_us=5000, rate_bps=1_000_000_000) for k, v in state.links.items()}
+            self.inner.apply(LinkState(wrong, {}, state.blocked))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(shaping, "open_shaper", lambda *a, **kw: Lying(real_open(*a, **kw)))
+    out = tmp_path / "report.json"
+    code = cli_calibrate.main(["calibrate", "--profile", "thin-20mbit", "--workers", "2", "--pairs", "0->1",
+                               "--quick", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert code == 1
+    assert data["verdict"] == Verdict.FAILED.value and data["backend"] in ("netem", "nfqueue")
+    by_metric = {row["metric"]: row for row in data["rows"]}
+    assert by_metric["delay"]["verdict"] == "failed"  # ~5 ms measured, 10 ms configured
+    assert by_metric["rate"]["verdict"] == "failed"  # ~1 Gbit/s measured, 20 Mbit/s configured

@@ -1,0 +1,254 @@
+"""One conformance suite for every shaping backend: what packets between containers really experience.
+
+Everything is measured from inside a 4-container cluster (one per module) with the probe jobs of
+``protocols/jobs/probes.py`` and judged by ``harness/calibration/verdicts.py``, so the suite and
+``squall calibrate`` share one definition of "conforms". It runs once per backend; the netem run is
+skipped only where the kernel has no ``sch_netem``, with the probe's reason.
+
+To fit the 2-core budget, one *mixed* state puts a different setting on each directed link and one
+UDP probe measures them all at once (one-way delays are valid: the containers share
+``CLOCK_MONOTONIC``, checked by the probe)::
+
+    0->1  1 ms            1->0  20 ms            0->2  100 ms
+    2->0  20 ms, +-5 ms uniform jitter           3->1  10 ms, 2 ms normal jitter
+    0->3  5 ms, 1 % loss  3->0  5 ms, 10 % loss
+    1->2  2 ms, 10 Mbit/s 2->1  2 ms, 100 Mbit/s  1->3  2 ms, 1 Gbit/s    2->3, 3->2  untouched
+
+Chance of a false failure on a correct backend, per backend run: the two loss checks at 99 %
+(<= 1 % each, so <= 2 %); the delay and jitter checks < 1e-6 each at these sample sizes (see
+``verdicts``); rates and timing are tolerances on near-deterministic quantities.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harness.calibration.expected import LossModel, delay_model, loss_model, wire_bps
+from harness.calibration.judge import Baseline
+from harness.calibration.observations import Sample, TransferObservation, UdpObservation, better, raw_samples
+from harness.calibration.plan import TransferPlan
+from harness.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
+from harness.calibration.runner import calibration_spec, rate_only, unlimited
+from harness.calibration.verdicts import RATE_REL, Verdict, check_delay, check_jitter, check_loss, check_rate
+from harness.cluster import Cluster
+from harness.profiles import Profile, profile_from_data
+from harness.shaping import Shaper, netem_probe, open_shaper, state_at
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+N = 4
+EVERY = tuple((s, d) for s in range(N) for d in range(N) if s != d)
+RATE_PPS = 500.0
+MIXED_COUNT = 1500  # 0->3 then sees ~1500 probes + ~1350 echoes >= 2627 needed for 1 % loss at 99 %
+SHORT_COUNT = 300
+PHASE_AT_S = 1.0  # the phase starts this long after the probe's first packet
+PHASE_DEADLINE_S = 0.100  # every packet sent this long after the phase's time sees the new setting
+LOSS_CONFIDENCE = 0.99
+
+MIXED = profile_from_data({"name": "conformance-mixed", "description": "a different setting on each link", "links": {
+    "pairs": [
+        {"link": "0 -> 1", "delay": "1ms"},
+        {"link": "1 -> 0", "delay": "20ms"},
+        {"link": "0 -> 2", "delay": "100ms"},
+        {"link": "2 -> 0", "delay": "20ms", "jitter": "5ms"},
+        {"link": "3 -> 1", "delay": "10ms", "jitter": {"amount": "2ms", "distribution": "normal"}},
+        {"link": "0 -> 3", "delay": "5ms", "loss": "1%"},
+        {"link": "3 -> 0", "delay": "5ms", "loss": "10%"},
+        {"link": "1 -> 2", "delay": "2ms", "rate": "10mbit"},
+        {"link": "2 -> 1", "delay": "2ms", "rate": "100mbit"},
+        {"link": "1 -> 3", "delay": "2ms", "rate": "1gbit"},
+    ]}})
+PHASED = profile_from_data({"name": "conformance-phase", "description": "one pair changes at 1 s", "links": {
+    "default": {"delay": "2ms"}}, "phases": [{"at": "1s", "links": {"pairs": [{"link": "0 -> 1", "delay": "30ms"}]}}]})
+SPLIT = profile_from_data({"name": "conformance-partition", "description": "halves cut from 1 s to 2 s", "links": {
+    "default": {"delay": "1ms"}}, "churn": {"events": [
+        {"at": "1s", "kind": "partition", "groups": ["0-1", "2-3"]}, {"at": "2s", "kind": "heal"}]}})
+
+
+def _backends() -> list[Any]:
+    probe = netem_probe()
+    netem = pytest.param("netem", marks=pytest.mark.skipif(not probe.available, reason=probe.reason))
+    return [netem, "nfqueue"]
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: Any, worker_image: str) -> Iterator[Cluster]:
+    """Name: cluster. Scope: module. Depends: docker_client, worker_image. Four workers without torch."""
+    with Cluster(calibration_spec(N), client=docker_client) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster: Cluster) -> Baseline:
+    """Name: baseline. Scope: module. Depends: cluster (still unshaped). The probe's own cost."""
+    obs, _ = run_udp(cluster, EVERY, count=SHORT_COUNT, rate_pps=RATE_PPS, wait_s=0.5)
+    assert obs.shared_clock, obs.problems
+    return Baseline.from_udp(obs)
+
+
+@pytest.fixture(scope="module", params=_backends())
+def shaper(request: pytest.FixtureRequest, cluster: Cluster, baseline: Baseline) -> Iterator[Shaper]:
+    """Name: shaper. Scope: module, once per backend. Depends: cluster, baseline. Closed after its tests."""
+    s = open_shaper(cluster.endpoints(), run_id=f"{cluster.run_id}{request.param[0]}", backend=request.param)
+    assert s.backend == request.param
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def mixed(cluster: Cluster, shaper: Shaper) -> UdpObservation:
+    """Name: mixed. Scope: module. Depends: shaper. The mixed state, probed once on every link."""
+    shaper.apply(state_at(MIXED, N, 0.0))
+    obs, _ = run_udp(cluster, EVERY, count=MIXED_COUNT, rate_pps=RATE_PPS, wait_s=0.9)
+    shaper.check()
+    assert obs.shared_clock and not obs.problems, obs.problems
+    return obs
+
+
+def _spec(link: tuple[int, int]) -> Any:
+    return state_at(MIXED, N, 0.0).links[link]
+
+
+@pytest.mark.parametrize("link", [(0, 1), (1, 0), (0, 2)], ids=["1ms", "20ms", "100ms"])
+def test_delay_mean(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+    row = check_delay(link, delay_model(_spec(link)), mixed.links[link].one_way, baseline.one_way_mean_us)
+    assert row.verdict == Verdict.PASSED, row.why
+
+
+@pytest.mark.parametrize("link", [(2, 0), (3, 1)], ids=["uniform-5ms", "normal-2ms"])
+def test_jitter_sd(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+    seen = mixed.links[link]
+    row = check_jitter(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_sd_us,
+                       samples=seen.one_way_samples)
+    assert row.verdict == Verdict.PASSED, row.why
+    assert check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us).verdict == "passed"
+
+
+@pytest.mark.parametrize("link", [(0, 3), (3, 0)], ids=["1pct", "10pct"])
+def test_loss_inside_the_99_percent_binomial_region(mixed: UdpObservation, link: tuple[int, int]) -> None:
+    # A correct backend fails this with probability <= 1 % (exact binomial acceptance region).
+    seen = mixed.links[link]
+    row = check_loss(link, loss_model(_spec(link).loss), seen.packets, seen.lost, confidence=LOSS_CONFIDENCE)
+    assert row.verdict == Verdict.PASSED, row.why
+
+
+def test_links_without_settings_stay_untouched(mixed: UdpObservation, baseline: Baseline) -> None:
+    for link in ((2, 3), (3, 2)):
+        seen = mixed.links[link]
+        assert check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us).verdict == "passed"
+        assert check_loss(link, LossModel(0.0, 0.0, True), seen.packets, seen.lost).verdict == "passed"
+
+
+@pytest.fixture(scope="module")
+def rates(cluster: Cluster, shaper: Shaper) -> dict[tuple[int, int], Any]:
+    """Name: rates. Scope: module. Depends: shaper. One transfer per rate-limited link, one at a time."""
+    shaper.apply(rate_only(state_at(MIXED, N, 0.0)))
+    plans = [TransferPlan(link, 2.0 * i, 1.3, 0.3) for i, link in enumerate([(1, 2), (2, 1), (1, 3)])]
+    out = run_tcp(cluster, plans)
+    shaper.check()
+    return out
+
+
+@pytest.mark.parametrize("link, rate", [((1, 2), 10e6), ((2, 1), 100e6), ((1, 3), 1e9)],
+                         ids=["10mbit", "100mbit", "1gbit"])
+def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any], link: tuple[int, int],
+              rate: float) -> None:
+    # As in calibrate(): a transfer that falls short is measured once more and the better counts
+    # (a host stall can only lower a measurement); if still short, the unlimited path is measured.
+    plan = TransferPlan(link, 0.0, 1.3, 0.3)
+    seen, ceiling = rates[link], None
+    if _short(seen, rate):
+        seen = better(seen, run_tcp(cluster, [plan]).get(link))
+    if _short(seen, rate):
+        shaper.apply(unlimited(state_at(MIXED, N, 0.0)))
+        again = run_tcp(cluster, [plan])[link]
+        ceiling = wire_bps(again.goodput_bps, again.mss) if again.goodput_bps and again.mss else None
+        shaper.apply(rate_only(state_at(MIXED, N, 0.0)))
+    row = check_rate(link, rate, seen.goodput_bps, seen.mss, ceiling_bps=ceiling, error=seen.error)
+    if row.verdict == Verdict.HOST_LIMITED and rate >= 1e9:
+        pytest.skip(f"this host cannot carry {rate / 1e6:g} Mbit/s through the {shaper.backend} path: {row.why}")
+    assert row.verdict == Verdict.PASSED, row.why
+
+
+def _short(seen: TransferObservation, rate: float) -> bool:
+    if seen.goodput_bps is None or not seen.mss:
+        return False
+    return wire_bps(seen.goodput_bps, seen.mss) < (1 - RATE_REL) * rate
+
+
+def _switch(samples: list[Sample], old_us: float, new_us: float) -> tuple[float, float]:
+    """(last send time of a packet with the old delay, first with the new) in wall-clock seconds."""
+    middle = (old_us + new_us) / 2
+    old = [s.send_wall for s in samples if s.forward_us < middle]
+    new = [s.send_wall for s in samples if s.forward_us >= middle]
+    return (max(old) if old else -math.inf), (min(new) if new else math.inf)
+
+
+def _apply_at(shaper: Shaper, profile: Profile, at: float, start_wall: float) -> float:
+    """Apply the profile's links of time ``at`` when the wall clock reaches ``start_wall + at``."""
+    due = start_wall + at
+    time.sleep(max(0.0, due - time.time()))
+    shaper.apply(state_at(profile, N, at))
+    return due
+
+
+@pytest.fixture(scope="module")
+def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
+    """Name: phase_run. Scope: module. Depends: shaper. A probe across the phase change of PHASED."""
+    shaper.apply(state_at(PHASED, N, 0.0))
+    run = start_udp(cluster, EVERY, count=int(2.5 * RATE_PPS), rate_pps=RATE_PPS, wait_s=0.5)
+    due = _apply_at(shaper, PHASED, PHASE_AT_S, run.start_wall)
+    obs, results = finish_udp(run, EVERY)
+    shaper.check()
+    return obs, raw_samples([m for r in results for m in r.metrics()]), due
+
+
+def test_a_phase_takes_effect_within_100_ms(phase_run: tuple[UdpObservation, dict[Any, list[Sample]], float],
+                                            baseline: Baseline) -> None:
+    _, samples, due = phase_run
+    last_old, first_new = _switch(samples[(0, 1)], 2000 + baseline.one_way_mean_us, 30000 + baseline.one_way_mean_us)
+    assert last_old < due + PHASE_DEADLINE_S, f"a packet sent {last_old - due:+.3f} s after the phase still had 2 ms"
+    assert first_new >= due - 0.005, f"a packet sent {first_new - due:+.3f} s before the phase already had 30 ms"
+
+
+def test_a_per_pair_setting_changes_only_that_pair(phase_run: tuple[UdpObservation, dict[Any, list[Sample]], float],
+                                                   baseline: Baseline) -> None:
+    obs, samples, due = phase_run
+    for link in EVERY:
+        seen = obs.links[link]
+        assert seen.lost == 0, f"{link} lost {seen.lost} of {seen.packets} packets across the change"
+        if link == (0, 1):
+            continue
+        row = check_delay(link, delay_model(state_at(PHASED, N, 0.0).links[link]), seen.one_way,
+                          baseline.one_way_mean_us)
+        assert row.verdict == Verdict.PASSED, f"{link} changed with 0->1: {row.why}"
+    after = [s for s in samples[(1, 0)] if s.send_wall > due + PHASE_DEADLINE_S]
+    assert after and max(s.forward_us for s in after) < 30000 / 2  # 1 -> 0, the other direction, kept 2 ms
+    assert min(s.back_us for s in after) > 30000 / 2  # ... while the echoes crossing 0 -> 1 took 30 ms
+
+
+def test_a_partition_blocks_and_a_heal_restores(cluster: Cluster, shaper: Shaper) -> None:
+    cut = state_at(SPLIT, N, 1.5)
+    assert cut.blocked == {(a, b) for a in range(N) for b in range(N) if (a < 2) != (b < 2)}
+    shaper.apply(cut)
+    during, _ = run_udp(cluster, EVERY, count=SHORT_COUNT, rate_pps=RATE_PPS, wait_s=0.3)
+    shaper.apply(state_at(SPLIT, N, 2.5))
+    after, _ = run_udp(cluster, EVERY, count=SHORT_COUNT, rate_pps=RATE_PPS, wait_s=0.3)
+    shaper.check()
+    for link in EVERY:
+        blocked = link in cut.blocked
+        expected = LossModel(1.0 if blocked else 0.0, 0.0, True)
+        probe = during.round_trips[link]
+        assert probe.replies == (0 if blocked else probe.sent), f"{link} during the partition: {probe}"
+        seen = during.links.get(link)
+        if seen is not None and seen.packets:
+            assert check_loss(link, expected, seen.packets, seen.lost).verdict == "passed", seen
+        healed = after.round_trips[link]
+        assert healed.replies == healed.sent == SHORT_COUNT, f"{link} after the heal: {healed}"

@@ -1,0 +1,118 @@
+"""The report (verdict, JSON, table) and ``squall calibrate`` (arguments, output, exit codes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import cli_calibrate
+from harness.calibration import runner
+from harness.calibration.judge import Baseline
+from harness.calibration.plan import plan_probes
+from harness.calibration.report import CalibrationReport
+from harness.calibration.verdicts import Check, Verdict
+from harness.profiles import load_profile
+from harness.shaping import state_at
+
+
+def _report(*verdicts: Verdict, errors: tuple[str, ...] = ()) -> CalibrationReport:
+    rows = tuple(Check((0, i + 1), "delay", "ms", 5.0, 5.1 if v != Verdict.UNKNOWN else None,
+                       4.5 if v != Verdict.UNKNOWN else math.nan, 5.5 if v != Verdict.UNKNOWN else math.nan, v,
+                       f"row {i}") for i, v in enumerate(verdicts))
+    plan = plan_probes(state_at(load_profile("wan-5ms"), 4, 0.0), 4)
+    return CalibrationReport("wan-5ms", 4, "nfqueue", 0.0, False, rows, Baseline(40, 30, 80, 50, 3600), plan,
+                             errors, ("a note",), 42.0)
+
+
+@pytest.mark.parametrize("verdicts, errors, overall, strict, lenient", [
+    ((Verdict.PASSED, Verdict.PASSED), (), Verdict.PASSED, True, True),
+    ((Verdict.PASSED, Verdict.HOST_LIMITED), (), Verdict.HOST_LIMITED, False, True),
+    ((Verdict.PASSED, Verdict.UNKNOWN), (), Verdict.UNKNOWN, False, False),
+    ((Verdict.FAILED, Verdict.HOST_LIMITED), (), Verdict.FAILED, False, False),
+    ((Verdict.PASSED,), ("the daemon died",), Verdict.FAILED, False, False),
+    ((), (), Verdict.UNKNOWN, False, False),
+])
+def test_report_verdict(verdicts: tuple[Verdict, ...], errors: tuple[str, ...], overall: Verdict, strict: bool,
+                        lenient: bool) -> None:
+    report = _report(*verdicts, errors=errors)
+    assert report.verdict == overall
+    assert report.passed() is strict
+    assert report.passed(allow_host_limited=True) is lenient
+
+
+def test_report_json_and_table() -> None:
+    report = _report(Verdict.PASSED, Verdict.UNKNOWN, Verdict.HOST_LIMITED)
+    data = json.loads(report.to_json())
+    assert data["verdict"] == "unknown" and data["backend"] == "nfqueue"
+    assert data["counts"] == {"passed": 1, "failed": 0, "unknown": 1, "host-limited": 1}
+    assert data["rows"][1]["low"] is None and data["rows"][0]["link"] == [0, 1]
+    assert data["plan"]["udp_count"] == 1000 and len(data["plan"]["transfers"]) == 12
+    text = report.format()
+    assert text.splitlines()[0] == "calibration of wan-5ms on 4 workers, backend nfqueue: UNKNOWN in 42.0 s"
+    assert "0->1  delay   5.000 ms    5.100 ms  4.500..5.500 ms  passed" in text
+    assert "note: a note" in text and "host-limited checks were NOT verified" in text
+
+
+def _args(**kw: Any) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli_calibrate.add_subparser(parser.add_subparsers(dest="command"))
+    argv = ["calibrate", "--profile", kw.pop("profile", "wan-5ms")]
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return parser.parse_args(argv)
+
+
+def test_arguments() -> None:
+    args = _args(workers=3, backend="nfqueue", pairs="0->1,2->0", quick=True)
+    assert (args.workers, args.backend, args.pairs, args.quick) == (3, "nfqueue", [(0, 1), (2, 0)], True)
+    with pytest.raises(SystemExit):
+        _args(pairs="0-1")
+    with pytest.raises(SystemExit):
+        _args(backend="tbf")
+
+
+@pytest.mark.parametrize("case", [
+    ((Verdict.PASSED,), False, 0),
+    ((Verdict.PASSED, Verdict.FAILED), False, 1),
+    ((Verdict.PASSED, Verdict.HOST_LIMITED), False, 1),
+    ((Verdict.PASSED, Verdict.HOST_LIMITED), True, 0),
+])
+def test_exit_codes_and_json_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  case: tuple[tuple[Verdict, ...], bool, int]) -> None:
+    verdicts, allow, code = case
+    seen: dict[str, Any] = {}
+
+    def fake(profile: Any, **kw: Any) -> CalibrationReport:
+        seen.update(kw, profile=profile.name)
+        return _report(*verdicts)
+
+    monkeypatch.setattr(runner, "calibrate", fake)
+    out = tmp_path / "r.json"
+    args = _args(json=out, allow_host_limited=True) if allow else _args(json=out)
+    assert cli_calibrate.cmd_calibrate(args) == code
+    assert seen == {"profile": "wan-5ms", "workers": 4, "backend": None, "pairs": None, "quick": False, "at": 0.0}
+    assert json.loads(out.read_text())["profile"] == "wan-5ms"
+    assert "calibration of wan-5ms" in capsys.readouterr().out
+
+
+def test_json_to_stdout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(runner, "calibrate", lambda profile, **kw: _report(Verdict.PASSED))
+    assert cli_calibrate.main(["calibrate", "--profile", "wan-5ms", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "passed"
+
+
+def test_unknown_profile_is_a_usage_error() -> None:
+    assert cli_calibrate.cmd_calibrate(_args(profile="no-such-profile")) == 2
+
+
+def test_bad_backend_and_cluster_size_are_refused_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        runner.calibrate("wan-5ms", workers=2, backend="tbf")
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        runner.calibrate("wan-5ms", workers=1)
