@@ -32,7 +32,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +325,22 @@ def udp_probe(ctx: JobContext) -> dict[str, Any]:
 
 
 # -- TCP bulk transfer ---------------------------------------------------------------------------
+def _accept_loop(server: socket.socket, stop: threading.Event, handle: Callable[[socket.socket], None]) -> None:
+    """Hand every accepted connection to ``handle`` on a thread of its own, until ``stop`` is set.
+
+    ``server`` needs a timeout, so that ``stop`` is seen; closing it ends the loop at once.
+    """
+    while not stop.is_set():
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One timed bulk transfer of ``tcp_goodput``."""
@@ -365,18 +381,8 @@ class _Receiver:
         self.lock = threading.Lock()
         self.sock = socket.create_server((address, port), backlog=64)
         self.sock.settimeout(0.2)
-        self.thread = threading.Thread(target=self._accept, daemon=True)
         self.stop = threading.Event()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._measure, args=(conn,), daemon=True).start()
+        self.thread = threading.Thread(target=_accept_loop, args=(self.sock, self.stop, self._measure), daemon=True)
 
     def _measure(self, conn: socket.socket) -> None:
         with conn:
@@ -527,17 +533,6 @@ def _echo_forever(conn: socket.socket, size: int) -> None:
                 conn.sendall(_recv_exact(conn, size))
 
 
-def _serve_echo(server: socket.socket, size: int, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            continue
-        except OSError:
-            return
-        threading.Thread(target=_echo_forever, args=(conn, size), daemon=True).start()
-
-
 def _rtt_samples(
     address: tuple[str, int], source: str, *, count: int, size: int, interval: float, until: float
 ) -> dict[str, Any]:
@@ -575,7 +570,8 @@ def tcp_rtt(ctx: JobContext) -> dict[str, Any]:
     server = socket.create_server((own, port), backlog=64)
     server.settimeout(0.2)
     stop = threading.Event()
-    threading.Thread(target=_serve_echo, args=(server, size, stop), daemon=True).start()
+    threading.Thread(target=_accept_loop, args=(server, stop, lambda conn: _echo_forever(conn, size)),
+                     daemon=True).start()
     results: dict[str, Any] = {}
     try:
         _sleep_until(_monotonic_at(start_wall))
