@@ -19,6 +19,9 @@ REGISTRY: dict[str, str] = {
     "udp_probe": "protocols.jobs.probes:udp_probe",
     "tcp_goodput": "protocols.jobs.probes:tcp_goodput",
     "tcp_rtt": "protocols.jobs.probes:tcp_rtt",
+    "train": "protocols.train:train",
+    "gloo_allreduce": "protocols.baselines.gloo:gloo_allreduce",
+    "gloo_train": "protocols.baselines.gloo:gloo_train",
 }
 
 

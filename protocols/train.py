@@ -1,0 +1,78 @@
+"""Job entry point ``train``: one rank of a training run over a TCP mesh between the containers.
+
+Every node of the job runs :func:`train` with the same config (keys: :mod:`protocols.common.config`).
+It builds a :class:`~protocols.transport.TcpTransport` over ``ctx.spec.peers`` (port ``port``),
+the task, the algorithm and the emulated device, runs :func:`protocols.common.loop.train` with
+the job's metrics writer, closes the transport and returns the summary::
+
+    {"task", "algorithm", "rank", "world_size", "dim", "steps", "stopped_by", "elapsed_s",
+     "final_eval", "last_loss", "target_step", "compute_s", "sleep_s", "comm_s", "eval_s",
+     "bytes_sent", "bytes_received", "messages_sent", "messages_received",
+     "param_hash", "norm", "projection"}
+
+A ``seconds`` budget is capped by the job's deadline (minus a margin for the final evaluation
+and shutdown) so the run ends with a result rather than being cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from protocols.common.algorithms import make_algorithm
+from protocols.common.config import RunConfig
+from protocols.common.device import DeviceModel
+from protocols.common.loop import train as train_loop
+from protocols.common.optim import Sgd
+from protocols.common.vote import TransportVote
+from protocols.job import JobContext
+from protocols.transport import TcpTransport
+
+logger = logging.getLogger(__name__)
+
+#: Seconds kept free before the job's deadline (final evaluation, goodbyes, result file).
+DEADLINE_MARGIN_S = 5.0
+
+
+def run_config(ctx: JobContext) -> RunConfig:
+    """The job's validated training config; a ``seconds`` budget is capped by the deadline."""
+    cap = None
+    if "seconds" in ctx.config and ctx.time_left() < float("inf"):
+        cap = max(1.0, ctx.time_left() - DEADLINE_MARGIN_S)
+    return RunConfig.from_json(ctx.config, default_seed=ctx.spec.seed, max_seconds=cap)
+
+
+def train(ctx: JobContext) -> dict[str, Any]:
+    """Entry point: train with the configured algorithm over TCP; returns the rank's summary."""
+    config = run_config(ctx)
+    return asyncio.run(_train(ctx, config))
+
+
+async def _train(ctx: JobContext, config: RunConfig) -> dict[str, Any]:
+    peers = {rank: (address, config.port) for rank, address in enumerate(ctx.spec.peers)}
+    task = config.build_task()
+    transport = TcpTransport(rank=ctx.rank, peers=peers, default_timeout=config.timeout)
+    async with transport:
+        algorithm = make_algorithm(
+            config.algorithm, transport, optimizer=Sgd(config.sgd), options=config.algorithm_args
+        )
+        result = await train_loop(
+            task,
+            algorithm,
+            config.loop,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=DeviceModel.from_config(config.device, node=ctx.rank),
+            traffic=transport.total_counters,
+            vote=TransportVote(transport),
+            write=ctx.metrics.write,
+        )
+    return {
+        "task": config.task,
+        "algorithm": config.algorithm,
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "dim": task.dim,
+        **result.summary(),
+    }
