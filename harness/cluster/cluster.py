@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -283,8 +283,13 @@ class Cluster:
 
     # -- jobs -------------------------------------------------------------------------------------
     def start_job(self, entry: str, config: dict[str, Any] | None = None, *, nodes: Sequence[int] | None = None,
-                  timeout: float = 120.0, seed: int = 0) -> JobHandle:
-        """Start ``entry`` on ``nodes`` (default all) and return at once."""
+                  timeout: float = 120.0, seed: int = 0,
+                  per_node: Mapping[int, Mapping[str, Any]] | None = None) -> JobHandle:
+        """Start ``entry`` on ``nodes`` (default all) and return at once.
+
+        ``per_node`` maps a node index to keys laid over ``config`` for that node only (e.g. its
+        emulated device).
+        """
         self._require_running()
         chosen = list(range(len(self.nodes))) if nodes is None else list(nodes)
         for i in chosen:
@@ -292,10 +297,12 @@ class Cluster:
                 raise JobError(f"node {i} does not exist; this cluster has nodes 0..{len(self.nodes) - 1}")
         job_id = f"j{next(self._job_ids):04d}"
         peers = [n.address for n in self.nodes]
+        extra = {i: dict(v) for i, v in (per_node or {}).items()}
 
         def dispatch(i: int) -> None:
             spec = {"job_id": job_id, "entry": entry, "rank": i, "world_size": len(self.nodes), "peers": peers,
-                    "out_dir": f"{RUN_MOUNT}/jobs/{job_id}", "config": config or {}, "seed": seed,
+                    "out_dir": f"{RUN_MOUNT}/jobs/{job_id}", "config": {**(config or {}), **extra.get(i, {})},
+                    "seed": seed,
                     "deadline_s": timeout}
             self.nodes[i].agent.checked({"cmd": "run", "job": spec})
 
@@ -303,9 +310,10 @@ class Cluster:
         return JobHandle(self, job_id, chosen, timeout)
 
     def run_job(self, entry: str, config: dict[str, Any] | None = None, *, nodes: Sequence[int] | None = None,
-                timeout: float = 120.0, seed: int = 0, raise_on_failure: bool = True) -> list[JobResult]:
+                timeout: float = 120.0, seed: int = 0, raise_on_failure: bool = True,
+                per_node: Mapping[int, Mapping[str, Any]] | None = None) -> list[JobResult]:
         """Run ``entry`` on ``nodes`` (default all) and wait for every result."""
-        return self.start_job(entry, config, nodes=nodes, timeout=timeout, seed=seed).wait(
+        return self.start_job(entry, config, nodes=nodes, timeout=timeout, seed=seed, per_node=per_node).wait(
             raise_on_failure=raise_on_failure)
 
     def endpoints(self) -> list[Endpoint]:

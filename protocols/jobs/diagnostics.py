@@ -28,8 +28,8 @@ MAX_LINE = 4096
 
 
 def noop(ctx: JobContext) -> dict[str, Any]:
-    """Do nothing; report who ran."""
-    return {"rank": ctx.rank, "pid": os.getpid()}
+    """Do nothing; report who ran and the config it received."""
+    return {"rank": ctx.rank, "pid": os.getpid(), "config": ctx.config}
 
 
 def sleep(ctx: JobContext) -> dict[str, Any]:

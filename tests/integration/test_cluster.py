@@ -111,3 +111,8 @@ def test_disconnect_and_reconnect(cluster4: Cluster) -> None:
         cluster4.reconnect(1)
     results = cluster4.run_job("echo_mesh", timeout=60)
     assert all(r.ok for r in results)
+
+
+def test_per_node_config_overlays_the_common_config(cluster4: Cluster) -> None:
+    results = cluster4.run_job("noop", {"a": 1, "b": 2}, per_node={2: {"a": 5}})
+    assert [r.value["config"] for r in results] == [{"a": 1, "b": 2}] * 2 + [{"a": 5, "b": 2}] + [{"a": 1, "b": 2}]
