@@ -69,6 +69,11 @@ class Node:
         return f"/proc/{self.pid}/ns/net"
 
     @property
+    def endpoint(self) -> Endpoint:
+        """This node as the shaping layer sees it."""
+        return Endpoint(self.index, self.address, self.netns_path)
+
+    @property
     def agent(self) -> AgentClient:
         """Client of this node's agent."""
         return AgentClient(self.run_dir / "agent.sock")
@@ -319,7 +324,7 @@ class Cluster:
     def endpoints(self) -> list[Endpoint]:
         """What the shaping layer needs of each node: index, address and network namespace."""
         self._require_running()
-        return [Endpoint(n.index, n.address, n.netns_path) for n in self.nodes]
+        return [n.endpoint for n in self.nodes]
 
     # -- churn ------------------------------------------------------------------------------------
     def kill(self, index: int) -> None:
