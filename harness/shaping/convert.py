@@ -1,0 +1,187 @@
+"""From a profile's :class:`~harness.profiles.LinkSpec` to what each backend sends the kernel or the daemon.
+
+Units: profiles say percent (0-100) and integer microseconds; the delay daemon's
+:class:`~.nfqueue.config.LinkParams` wants fractions (0-1); netem wants percent (encoded later as
+32-bit fractions) and microseconds. Rates stay bits per second until the tc executor divides them.
+
+Queue limits: netem holds every delayed packet, so its ``limit`` must cover the packets in flight
+on the link, ``rate x (delay + 3 x jitter)``, with headroom and a floor far above netem's default of
+1000 (which silently drops packets on a fast, long link). An unlimited link is sized for
+:data:`LIMIT_RATE_BPS`. The FIFO in front of a rate limit (nfqueue backend, where the delay is
+added at the receiver) is the link's bottleneck buffer: :data:`FIFO_BUFFER_S` of traffic at its
+rate, at least 1000 packets, and deliberately independent of the delay, so that changing a delay
+(the most common change) never touches tc.
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.profiles import LinkSpec
+from harness.shaping.base import ShapingError
+from harness.shaping.nfqueue.config import GilbertElliott, LinkParams
+from harness.shaping.nfqueue.errors import ConfigError
+from harness.shaping.ops import Netem
+
+UNLIMITED_BPS = 100_000_000_000  # HTB rate of a link without a rate: 100 Gbit/s, far above a veth
+LIMIT_RATE_BPS = 10_000_000_000  # rate assumed when sizing the queue of an unlimited link
+MTU_BITS = 1500 * 8  # packet size assumed when turning a rate into packets per second
+LIMIT_HEADROOM = 2.0  # queue limits are this many times the packets in flight
+NETEM_LIMIT_FLOOR = 10_000  # netem limit never below this
+FIFO_LIMIT_FLOOR = 1_000  # FIFO limit never below this
+FIFO_BUFFER_S = 0.2  # a rate-limited FIFO holds this much traffic: TCP fills links with RTTs up to 200 ms
+MAX_LIMIT = 0xFFFFFFFF  # netem's and pfifo's limit are 32-bit
+BURST_S = 0.001  # HTB bursts hold 1 ms of traffic at the class's rate ...
+MIN_BURST_BYTES = 16 * 1024  # ... and at least this (timer granularity, GSO packets)
+HTB_QUANTUM = 60_000  # bytes per round when sibling classes borrow; between MTU and 200000
+
+PERFECT = LinkSpec()
+
+
+def label(src: int, dst: int) -> str:
+    """How errors name a directed link."""
+    return f"link {src} -> {dst}"
+
+
+def check_spec(spec: LinkSpec, where: str) -> None:
+    """Reject settings no backend can apply; profiles check the same, hand-built states may not."""
+
+    def need(ok: bool, why: str) -> None:
+        if not ok:
+            raise ShapingError(f"{where}: {why}")
+
+    need(isinstance(spec, LinkSpec), f"expected a LinkSpec, got {type(spec).__name__}")
+    need(_int(spec.delay_us) and spec.delay_us >= 0, f"delay_us must be an integer >= 0, got {spec.delay_us!r}")
+    jitter = spec.jitter
+    need(_int(jitter.amount_us) and jitter.amount_us >= 0, f"jitter must be an integer >= 0, got {jitter.amount_us!r}")
+    for name, value in (
+        ("loss", spec.loss.percent),
+        ("duplicate", spec.duplicate.percent),
+        ("reorder", spec.reorder.percent),
+    ):
+        need(_pct(value), f"{name} must be a percentage in [0, 100], got {value!r}")
+    for name, value in (
+        ("jitter correlation", jitter.correlation_pct),
+        ("loss correlation", spec.loss.correlation_pct),
+        ("duplicate correlation", spec.duplicate.correlation_pct),
+        ("reorder correlation", spec.reorder.correlation_pct),
+    ):
+        need(_pct(value) and value < 100, f"{name} must be in [0, 100), got {value!r}")
+    need(spec.loss.gemodel is None or spec.loss.percent == 0, "loss percent and gemodel are two loss models; give one")
+    ge = spec.loss.gemodel
+    if ge is not None:
+        for name in ("p_pct", "r_pct", "loss_bad_pct", "loss_good_pct"):
+            need(_pct(getattr(ge, name)), f"gemodel {name} must be in [0, 100], got {getattr(ge, name)!r}")
+        need(ge.p_pct + ge.r_pct > 0, "gemodel needs p + r > 0")
+    need(spec.reorder.percent == 0 or spec.delay_us > 0, "reorder needs a delay (packets skip it)")
+    need(spec.rate_bps is None or (_int(spec.rate_bps) and spec.rate_bps >= 8), f"bad rate_bps {spec.rate_bps!r}")
+    need(
+        spec.limit_packets is None or (_int(spec.limit_packets) and 0 < spec.limit_packets <= MAX_LIMIT),
+        f"bad limit_packets {spec.limit_packets!r}",
+    )
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pct(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
+
+
+def check_rate(value: int | None, where: str) -> None:
+    """A node's uplink/downlink cap: None or a positive integer of bits per second."""
+    if value is not None and not (_int(value) and value >= 8):
+        raise ShapingError(f"{where}: a rate must be an integer >= 8 bits/s, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- delay daemon
+
+
+def link_params(spec: LinkSpec, where: str = "link") -> LinkParams:
+    """What the delay daemon does to the link's packets (delay, jitter, loss, reordering).
+
+    Duplication and rate are not the daemon's business (iptables TEE, HTB).
+    """
+    ge = spec.loss.gemodel
+    try:
+        return LinkParams(
+            delay_us=spec.delay_us,
+            jitter_us=spec.jitter.amount_us,
+            distribution=spec.jitter.distribution.value,
+            jitter_correlation=spec.jitter.correlation_pct / 100 if spec.jitter.amount_us else 0.0,
+            loss=spec.loss.percent / 100,
+            loss_correlation=spec.loss.correlation_pct / 100 if spec.loss.percent else 0.0,
+            gilbert_elliott=None
+            if ge is None
+            else GilbertElliott(
+                p=ge.p_pct / 100, r=ge.r_pct / 100, loss_bad=ge.loss_bad_pct / 100, loss_good=ge.loss_good_pct / 100
+            ),
+            reorder=spec.reorder.percent / 100,
+            reorder_correlation=spec.reorder.correlation_pct / 100 if spec.reorder.percent else 0.0,
+        )
+    except ConfigError as exc:
+        raise ShapingError(f"{where}: {exc}") from None
+
+
+def delays_in_daemon(params: LinkParams) -> bool:
+    """Whether the daemon has anything to do for the link (otherwise no queue, no rule)."""
+    return params != LinkParams()
+
+
+# ----------------------------------------------------------------------------- netem
+
+
+def needs_netem(spec: LinkSpec) -> bool:
+    """Whether the netem backend shapes the link at all (``limit_packets`` alone changes nothing)."""
+    return (
+        spec.delay_us > 0
+        or spec.jitter.amount_us > 0
+        or spec.loss.mean_pct > 0
+        or spec.duplicate.percent > 0
+        or spec.reorder.percent > 0
+        or spec.rate_bps is not None
+    )
+
+
+def netem_qdisc(spec: LinkSpec, rate_bps: int | None) -> Netem:
+    """The netem leaf for the link; ``rate_bps`` is what limits it (link rate or uplink), for ``limit``."""
+    jitter = spec.jitter
+    return Netem(
+        delay_us=spec.delay_us,
+        jitter_us=jitter.amount_us,
+        distribution=jitter.distribution.value if jitter.amount_us else "uniform",
+        delay_corr_pct=jitter.correlation_pct if jitter.amount_us else 0.0,
+        loss_pct=spec.loss.percent,
+        loss_corr_pct=spec.loss.correlation_pct if spec.loss.percent else 0.0,
+        gemodel=spec.loss.gemodel,
+        duplicate_pct=spec.duplicate.percent,
+        duplicate_corr_pct=spec.duplicate.correlation_pct if spec.duplicate.percent else 0.0,
+        reorder_pct=spec.reorder.percent,
+        reorder_corr_pct=spec.reorder.correlation_pct if spec.reorder.percent else 0.0,
+        limit=queue_limit(spec, rate_bps, NETEM_LIMIT_FLOOR),
+    )
+
+
+def queue_limit(spec: LinkSpec, rate_bps: int | None, floor: int) -> int:
+    """``limit_packets`` if the profile gives one, else headroom x rate x (delay + 3 jitter), at least ``floor``."""
+    if spec.limit_packets is not None:
+        return spec.limit_packets
+    rate = rate_bps if rate_bps is not None else LIMIT_RATE_BPS
+    in_flight = rate * (spec.delay_us + 3 * spec.jitter.amount_us) / 1e6 / MTU_BITS
+    return min(MAX_LIMIT, max(floor, math.ceil(LIMIT_HEADROOM * in_flight)))
+
+
+def fifo_limit(spec: LinkSpec, rate_bps: int) -> int:
+    """``limit_packets`` if given, else :data:`FIFO_BUFFER_S` of traffic at ``rate_bps``, at least 1000."""
+    if spec.limit_packets is not None:
+        return spec.limit_packets
+    return min(MAX_LIMIT, max(FIFO_LIMIT_FLOOR, math.ceil(rate_bps * FIFO_BUFFER_S / MTU_BITS)))
+
+
+# ----------------------------------------------------------------------------- HTB
+
+
+def burst_bytes(rate_bps: int) -> int:
+    """HTB burst for a class of this rate: 1 ms of traffic, at least 16 KiB."""
+    return max(MIN_BURST_BYTES, math.ceil(rate_bps / 8 * BURST_S))

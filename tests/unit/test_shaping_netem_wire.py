@@ -1,0 +1,111 @@
+"""netem's netlink options: exact bytes, pyroute2 reads them back, distribution tables are standardised."""
+
+from __future__ import annotations
+
+import statistics
+import struct
+
+import pytest
+
+from harness.profiles import GilbertElliott
+from harness.shaping import netem_wire as w
+from harness.shaping.ops import Netem
+
+U = 0xFFFFFFFF
+
+
+def attrs(data: bytes) -> dict[int, bytes]:
+    """Top-level attributes after the 24-byte qopt."""
+    out, off = {}, 24
+    while off < len(data):
+        length, kind = struct.unpack_from("=HH", data, off)
+        out[kind] = data[off + 4 : off + length]
+        off += (length + 3) & ~3
+    return out
+
+
+def test_plain_delay() -> None:
+    data = w.netem_options(Netem(delay_us=5000, limit=20_000))
+    assert struct.unpack_from("=6I", data) == (5_000_000 >> 6, 20_000, 0, 0, 0, 0)
+    got = attrs(data)
+    assert set(got) == {w.TCA_NETEM_LATENCY64, w.TCA_NETEM_JITTER64}
+    assert struct.unpack("=q", got[w.TCA_NETEM_LATENCY64]) == (5_000_000,)
+    assert struct.unpack("=q", got[w.TCA_NETEM_JITTER64]) == (0,)
+
+
+def test_everything() -> None:
+    netem = Netem(
+        delay_us=20_000,
+        jitter_us=3000,
+        distribution="normal",
+        delay_corr_pct=25.0,
+        loss_pct=1.0,
+        loss_corr_pct=50.0,
+        duplicate_pct=2.0,
+        duplicate_corr_pct=10.0,
+        reorder_pct=5.0,
+        reorder_corr_pct=20.0,
+        limit=100_000,
+    )
+    data = w.netem_options(netem)
+    latency, limit, loss, gap, dup, jitter = struct.unpack_from("=6I", data)
+    assert (latency, limit, gap, jitter) == (312_500, 100_000, 1, 46_875)
+    assert loss == round(0.01 * U) and dup == round(0.02 * U)
+    got = attrs(data)
+    assert struct.unpack("=3I", got[w.TCA_NETEM_CORR]) == (round(0.25 * U), round(0.5 * U), round(0.1 * U))
+    assert struct.unpack("=2I", got[w.TCA_NETEM_REORDER]) == (round(0.05 * U), round(0.2 * U))
+    table = struct.unpack(f"={len(got[w.TCA_NETEM_DELAY_DIST]) // 2}h", got[w.TCA_NETEM_DELAY_DIST])
+    assert table == w.distribution_table("normal") and len(table) == 4096
+    assert w.TCA_NETEM_LOSS not in got
+
+
+def test_gemodel_sends_h_as_one_minus_loss_bad() -> None:
+    netem = Netem(delay_us=1000, gemodel=GilbertElliott(0.5, 20.0, 80.0, 1.0), loss_pct=0.0)
+    data = w.netem_options(netem)
+    assert struct.unpack_from("=6I", data)[2] == 0  # no random loss alongside
+    nested = attrs(data)[w.TCA_NETEM_LOSS]
+    length, kind = struct.unpack_from("=HH", nested)
+    assert (length, kind) == (20, w.NETEM_LOSS_GE)
+    p, r, h, k1 = struct.unpack_from("=4I", nested, 4)
+    assert (p, r, h, k1) == (round(0.005 * U), round(0.2 * U), round(0.2 * U), round(0.01 * U))
+
+
+def test_pyroute2_decodes_our_options() -> None:
+    from pyroute2.netlink.rtnl.tcmsg import sched_netem
+
+    data = w.netem_options(Netem(delay_us=10_000, jitter_us=1000, loss_pct=3.0, duplicate_pct=1.0, limit=5000))
+    msg = sched_netem.options(struct.pack("=HH", 4 + len(data), 2) + data)
+    msg.decode()
+    assert (msg["delay"], msg["limit"], msg["jitter"]) == (156_250, 5000, 15_625)
+    assert msg["loss"] == round(0.03 * U)
+
+
+def test_qdisc_message_layout() -> None:
+    msg = w.qdisc_message(index=7, handle=0x1010000, parent=0x10101, kind="netem", options=b"\1" * 24,
+                          flags=w.create_flags(), seq=9)
+    length, kind, flags, seq, pid = struct.unpack_from("=IHHII", msg)
+    assert (length, kind, flags, seq, pid) == (len(msg), w.RTM_NEWQDISC, 0x605, 9, 0)
+    assert struct.unpack_from("=BBHiIII", msg, 16) == (0, 0, 0, 7, 0x1010000, 0x10101, 0)
+    assert msg[36:48] == struct.pack("=HH", 10, w.TCA_KIND) + b"netem\0\0\0"
+    assert struct.unpack_from("=HH", msg, 48) == (28, w.TCA_OPTIONS)
+
+
+def test_probabilities_and_ticks() -> None:
+    assert w.prob_u32(0) == 0 and w.prob_u32(100) == U and w.prob_u32(50) == 2**31
+    assert w.ticks(1) == 15 and w.ticks(10**9) == U  # 64 ns ticks, saturating
+
+
+@pytest.mark.parametrize("name", ["normal", "pareto", "paretonormal"])
+def test_tables_are_standardised(name: str) -> None:
+    table = [v / w.NETEM_DIST_SCALE for v in w.distribution_table(name)]
+    assert len(table) == 4096 and table == sorted(table)
+    # 16-bit entries cut every tail at 4 sd (as iproute2's tables do): pareto's heavy tail loses most
+    spread = {"normal": 0.99, "paretonormal": 0.93, "pareto": 0.7}[name]
+    assert abs(statistics.fmean(table)) < 0.1
+    assert spread < statistics.pstdev(table) <= 1.0
+    assert max(table) <= 32767 / 8192
+
+
+def test_pareto_is_skewed_right() -> None:
+    table = w.distribution_table("pareto")
+    assert table[0] > -2 * w.NETEM_DIST_SCALE and table[-1] == 32767
