@@ -26,6 +26,8 @@ import yaml
 from harness.profiles import ProfileError, load_profile
 
 KEYS = ("protocols", "profiles", "workers", "seeds")
+#: A protocol that lives outside Squall: its job entry point.
+THIRD_PARTY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class MatrixError(ValueError):
@@ -44,7 +46,8 @@ class Cell:
     def id(self, *, with_seed: bool = False) -> str:
         """Readable test id, e.g. ``ring-wan_5ms-w8`` (``-s1`` with ``with_seed``)."""
         profile = re.sub(r"[^A-Za-z0-9]+", "_", Path(self.profile).stem)
-        return f"{self.protocol}-{profile}-w{self.workers}" + (f"-s{self.seed}" if with_seed else "")
+        protocol = re.sub(r"[^A-Za-z0-9_]+", "_", self.protocol)
+        return f"{protocol}-{profile}-w{self.workers}" + (f"-s{self.seed}" if with_seed else "")
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterab
     allowed = sorted(known_protocols)
     protocols = [str(p) for p in _as_list(raw["protocols"], "protocols", source)]
     for p in protocols:
-        if p not in allowed:
-            raise MatrixError(f"{source}: protocols: unknown protocol {p!r}; allowed: {allowed}")
+        if p not in allowed and not THIRD_PARTY.match(p):
+            raise MatrixError(f"{source}: protocols: unknown protocol {p!r}; allowed: {allowed} "
+                              "or a third-party 'package.module:function'")
     profiles = [str(p) for p in _as_list(raw["profiles"], "profiles", source)]
     workers = _ints(_as_list(raw["workers"], "workers", source), "workers", source, low=1, high=250)
     seeds = _ints(_as_list(raw.get("seeds", [0]), "seeds", source), "seeds", source, low=0, high=2**31)

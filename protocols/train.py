@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from protocols.common.algorithms import make_algorithm
+from protocols.common.algorithms.base import Algorithm
 from protocols.common.config import RunConfig
 from protocols.common.device import DeviceModel
 from protocols.common.loop import train as train_loop
 from protocols.common.optim import Sgd
 from protocols.common.vote import TransportVote
 from protocols.job import JobContext
-from protocols.transport import TcpTransport
+from protocols.transport import TcpTransport, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +45,37 @@ def run_config(ctx: JobContext) -> RunConfig:
     return RunConfig.from_json(ctx.config, default_seed=ctx.spec.seed, max_seconds=cap)
 
 
+#: Builds an algorithm from the rank's transport and local optimiser (see :func:`run_training`).
+AlgorithmFactory = Callable[[Transport, Sgd], Algorithm]
+
+
 def train(ctx: JobContext) -> dict[str, Any]:
     """Entry point: train with the configured algorithm over TCP; returns the rank's summary."""
+    return run_training(ctx)
+
+
+def run_training(ctx: JobContext, build: AlgorithmFactory | None = None) -> dict[str, Any]:
+    """Run the shared training loop for this job, with ``build``'s algorithm or the configured one.
+
+    This is the hook for protocols that live outside Squall: a third-party entry point
+    ``mypkg.proto:main`` can be ``lambda ctx: run_training(ctx, lambda t, opt: MyAlgorithm(t, opt))``
+    and gets the same tasks, budgets, emulated devices and metrics as Squall's own protocols.
+    """
     config = run_config(ctx)
-    return asyncio.run(_train(ctx, config))
+    return asyncio.run(_train(ctx, config, build))
 
 
-async def _train(ctx: JobContext, config: RunConfig) -> dict[str, Any]:
+async def _train(ctx: JobContext, config: RunConfig, build: AlgorithmFactory | None = None) -> dict[str, Any]:
     peers = {rank: (address, config.port) for rank, address in enumerate(ctx.spec.peers)}
     task = config.build_task()
     transport = TcpTransport(rank=ctx.rank, peers=peers, default_timeout=config.timeout)
     async with transport:
-        algorithm = make_algorithm(
-            config.algorithm, transport, optimizer=Sgd(config.sgd), options=config.algorithm_args
-        )
+        if build is not None:
+            algorithm = build(transport, Sgd(config.sgd))
+        else:
+            algorithm = make_algorithm(
+                config.algorithm, transport, optimizer=Sgd(config.sgd), options=config.algorithm_args
+            )
         result = await train_loop(
             task,
             algorithm,

@@ -1,0 +1,217 @@
+"""One cell of a matrix: a protocol trained on a shaped cluster, turned into a :class:`RunTrace`.
+
+A :class:`Lab` owns one cluster and one shaper and runs cells one after another on them: between
+cells it only reshapes links (and brings back nodes that churn took down), so a matrix pays for
+containers once. ``with Lab(workers=4) as lab: trace = lab.run(RunSpec("ring", "wan-5ms"))``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from harness.cluster import Cluster, ClusterSpec, Mount
+from harness.cluster.cluster import SRC_MOUNT
+from harness.cluster.image import REPO_ROOT as SQUALL_ROOT
+from harness.profiles import Profile, load_profile
+from harness.shaping import Shaper, state_at
+from harness.timeline import Action, TimelineRunner, plan_timeline
+from harness.trace import RunTrace, build_trace
+from protocols.catalog import lookup
+
+logger = logging.getLogger(__name__)
+
+BASE_PORT = 29500
+EXT_MOUNT = "/squall/ext"  # where third-party protocol code is mounted
+#: Seconds a job may run past its budget (start-up, final evaluation, goodbyes) before it is cancelled.
+GRACE_S = 60.0
+
+
+class ExperimentError(RuntimeError):
+    """A cell could not run, or its run broke the emulation (e.g. shaping stopped); says why."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell: which protocol, on which profile, trained how."""
+
+    protocol: str  # catalog name (protocols/catalog.py) or "package.module:function"
+    profile: str  # profile name or path
+    seed: int = 0  # run seed (data order, init, churn draws)
+    task: str = "logreg_digits"  # training task
+    steps: int | None = None  # step budget (None: only the time budget)
+    seconds: float | None = 30.0  # time budget of the training
+    target: Mapping[str, float] | None = None  # stop early once reached, e.g. {"accuracy": 0.9}
+    lr: float = 0.5  # learning rate
+    batch_size: int = 32  # per-worker batch
+    config: Mapping[str, Any] = field(default_factory=dict)  # further job config (e.g. ballast_mb, eval_every)
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.seconds is None:
+            raise ValueError("a run needs a budget: steps, seconds or both")
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"steps must be > 0, got {self.steps}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"seconds must be > 0, got {self.seconds}")
+        lookup(self.protocol)  # unknown protocol: KeyError naming the known ones
+
+
+class Lab:
+    """A cluster and a shaper, reused across cells."""
+
+    def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
+                 cluster: Cluster | None = None, code: tuple[str, ...] = ()) -> None:
+        """:param code: host directories holding third-party protocol packages, mounted read-only
+            into every container and put on its PYTHONPATH."""
+        self.workers = workers
+        self.backend_wanted = backend
+        mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
+        pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
+        self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
+                                env=(("PYTHONPATH", pythonpath),))
+        self.cluster = cluster
+        self._own_cluster = cluster is None
+        self.shaper: Shaper | None = None
+        self._ports = itertools.count()
+
+    def __enter__(self) -> Lab:
+        if self.cluster is None:
+            self.cluster = Cluster(self.spec).start()
+        try:
+            from harness.shaping import open_shaper
+
+            self.shaper = open_shaper(self.cluster.endpoints(), run_id=self.cluster.run_id,
+                                      backend=self.backend_wanted)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def backend(self) -> str:
+        """The shaping backend in use."""
+        return self.shaper.backend if self.shaper else "none"
+
+    def close(self) -> None:
+        """Stop shaping and (if this lab made it) remove the cluster."""
+        try:
+            if self.shaper is not None:
+                self.shaper.close()
+                self.shaper = None
+        finally:
+            if self._own_cluster and self.cluster is not None:
+                self.cluster.close()
+                self.cluster = None
+
+    # -- one cell ---------------------------------------------------------------------------------
+    def run(self, spec: RunSpec) -> RunTrace:
+        """Shape the links for ``spec.profile``, train, apply the profile's timeline, return the trace."""
+        cluster, shaper = self._require()
+        profile = load_profile(spec.profile)
+        profile.validate_for(self.workers)
+        shaper.apply(state_at(profile, self.workers, 0.0))
+        proto = lookup(spec.protocol)
+        config = self._config(spec, proto.config)
+        per_node = {i: {"device": {**profile.device(i, self.workers).to_dict(), "seed": spec.seed}}
+                    for i in range(self.workers)}
+        duration = spec.seconds if spec.seconds is not None else 600.0
+        actions = plan_timeline(profile, self.workers, duration)
+        start_wall, start = time.time(), time.monotonic()
+        handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
+                                   timeout=duration + GRACE_S)
+        with TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper), start=start) as timeline:
+            results = handle.wait(raise_on_failure=False)
+        try:
+            shaper.check()
+        except Exception as exc:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile}: shaping stopped during the run: {exc}") from exc
+        if timeline.errors:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile}: churn failed: {'; '.join(timeline.errors)}")
+        survivors = [r.node for r in results if r.ok]
+        if not survivors:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node:\n  "
+                                  + "\n  ".join(r.describe() for r in results))
+        self._recover(cluster, shaper)
+        meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
+                "budget_steps": spec.steps, "failures": [r.describe() for r in results if not r.ok],
+                "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness}
+        return build_trace(protocol=spec.protocol, profile=profile.name, seed=spec.seed, backend=shaper.backend,
+                           per_worker=[r.metrics() for r in results], start_wall=start_wall,
+                           churn=timeline.marks, survivors=survivors, meta=meta)
+
+    def _config(self, spec: RunSpec, base: Mapping[str, Any]) -> dict[str, Any]:
+        config: dict[str, Any] = {**base, "task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size,
+                                  "seed": spec.seed, "port": BASE_PORT + next(self._ports) % 400}
+        if spec.steps is not None:
+            config["steps"] = spec.steps
+        if spec.seconds is not None:
+            config["seconds"] = spec.seconds
+        if spec.target:
+            config["target"] = dict(spec.target)
+        config.update(spec.config)
+        return config
+
+    def _do(self, action: Action, profile: Profile, cluster: Cluster, shaper: Shaper) -> None:
+        if action.kind == "reshape":
+            shaper.apply(state_at(profile, self.workers, action.at_s))
+            return
+        for node in action.nodes:
+            if action.kind == "kill":
+                cluster.kill(node)
+            elif action.kind == "pause":
+                cluster.pause(node)
+            elif action.kind == "resume":
+                cluster.unpause(node)
+            elif action.kind == "restart":
+                shaper.replace_endpoint(cluster.restart(node).endpoint)
+            else:
+                raise ExperimentError(f"unknown churn action {action.kind!r}")
+
+    def _recover(self, cluster: Cluster, shaper: Shaper) -> None:
+        """Bring every node back for the next cell: unpause, restart the dead, re-shape the new."""
+        for node in list(cluster.nodes):
+            state = cluster.client.api.inspect_container(node.container_id)["State"]
+            if state.get("Paused"):
+                cluster.unpause(node.index)
+            elif not state.get("Running") or node.agent.ping(timeout=2) is None:
+                logger.info("bringing node %d back after churn", node.index)
+                shaper.replace_endpoint(cluster.restart(node.index).endpoint)
+
+    def _require(self) -> tuple[Cluster, Shaper]:
+        if self.cluster is None or self.shaper is None:
+            raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
+        return self.cluster, self.shaper
+
+
+def code_dir_of(protocol: str) -> str | None:
+    """The host directory to mount for a ``package.module:function`` protocol (None for built-ins).
+
+    It is the directory that holds the top-level package, found with the host's import system, so
+    a third party's package is importable inside the containers exactly as on the host.
+    """
+    if ":" not in protocol:
+        return None
+    top = protocol.split(":", 1)[0].split(".", 1)[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        raise ExperimentError(f"protocol {protocol!r}: package {top!r} is not importable on this host")
+    if spec.submodule_search_locations:  # a package: mount the directory that contains it
+        root = Path(next(iter(spec.submodule_search_locations))).parent
+    elif spec.origin:  # a single module file
+        root = Path(spec.origin).parent
+    else:
+        raise ExperimentError(f"protocol {protocol!r}: cannot tell where {top!r} lives")
+    if root == Path(SQUALL_ROOT):
+        return None  # part of Squall: already mounted
+    return str(root)
