@@ -158,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions() -> list[Callable[[Any], None]]:
     """Sub-commands that live in their own modules."""
+    from harness.cli_calibrate import add_subparser as calibrate
     from harness.cli_profiles import add_subparser as profiles
+    from harness.cli_run import add_subparser as run
 
-    return [profiles]
+    return [profiles, calibrate, run]
 
 
 def main(argv: list[str] | None = None) -> int:

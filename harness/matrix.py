@@ -126,8 +126,28 @@ def _ints(values: Sequence[Any], key: str, source: str, *, low: int, high: int) 
     return out
 
 
-def load_matrix(path: Path, *, known_protocols: Iterable[str]) -> Matrix:
-    """A matrix from a YAML file."""
+@dataclass(frozen=True)
+class MatrixFile:
+    """A matrix file: the matrix, how each cell is run, and which claims to evaluate with it."""
+
+    matrix: Matrix  # the cells
+    run: Mapping[str, Any]  # RunSpec fields for every cell (seconds, target, lr, task, config...)
+    claims: tuple[str, ...]  # claim ids from claims.yaml
+
+
+def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFile:
+    """A matrix file: the four matrix keys plus optional ``run`` (RunSpec fields) and ``claims`` (ids)."""
+    raw = _read(path)
+    run, claims = raw.pop("run", {}) or {}, raw.pop("claims", []) or []
+    if not isinstance(run, dict):
+        raise MatrixError(f"{path}: run: expected a mapping of RunSpec fields, got {run!r}")
+    if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
+        raise MatrixError(f"{path}: claims: expected a list of claim ids, got {claims!r}")
+    matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols)
+    return MatrixFile(matrix, run, tuple(claims))
+
+
+def _read(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -136,4 +156,9 @@ def load_matrix(path: Path, *, known_protocols: Iterable[str]) -> Matrix:
         raise MatrixError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise MatrixError(f"{path}: a matrix file must be a mapping with keys {list(KEYS)}")
-    return build_matrix(raw, source=str(path), known_protocols=known_protocols)
+    return raw
+
+
+def load_matrix(path: Path, *, known_protocols: Iterable[str]) -> Matrix:
+    """A matrix from a YAML file."""
+    return build_matrix(_read(path), source=str(path), known_protocols=known_protocols)

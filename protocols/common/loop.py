@@ -269,11 +269,11 @@ class _Run:
         out_of_time = cfg.seconds is not None and self.clock() - self.t0 >= cfg.seconds
         reached = self.target_step is not None
         t = self.clock()
-        stop = await self.vote(done, out_of_time or reached)
+        stop = await self.vote(done, out_of_time, reached=reached)
         self.totals["vote_s"] += self.clock() - t
         if not stop:
             return None
-        return "target" if reached else "seconds"
+        return "seconds" if out_of_time or not reached else "target"
 
 
 async def train(

@@ -6,18 +6,24 @@ different ranks. So, at check steps, every rank votes: rank 0 gathers every flag
 sends the decision back (``2(n-1)`` tiny messages, on their own tag so they never mix with the
 algorithm's traffic; they are counted in the transport's counters like everything else).
 
-A :data:`Vote` is any ``async (step, flag) -> bool`` that returns the same value on every rank.
+A :data:`Vote` is any ``async (step, flag, *, reached=False) -> bool`` that returns the same value
+on every rank. ``flag`` ("my budget is spent") stops everyone if any rank raises it; ``reached``
+("my evaluation met the target") stops everyone only when every rank reports it, so a
+decentralized protocol whose ranks hold different parameters trains until all of them get there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from typing import Protocol
 
 from protocols.transport import Transport
 from protocols.wire import Message
 
-#: ``async (step, my_flag) -> decision``, the decision identical on every rank.
-Vote = Callable[[int, bool], Awaitable[bool]]
+class Vote(Protocol):
+    """``async (step, budget_spent, *, reached) -> decision``, the decision identical on every rank."""
+
+    def __call__(self, step: int, flag: bool, *, reached: bool = False) -> Awaitable[bool]: ...
 
 #: Message tag of votes and decisions ("SQVT").
 VOTE_TAG = 0x53515654
@@ -34,23 +40,26 @@ class TransportVote:
         self.tag = tag
         self.timeout = timeout
 
-    async def __call__(self, step: int, flag: bool) -> bool:
+    async def __call__(self, step: int, flag: bool, *, reached: bool = False) -> bool:
         t = self.transport
         if t.world_size == 1:
-            return flag
+            return flag or reached
         if t.rank != 0:
-            await t.send(0, Message.of_control({"stop": flag}, round=step, tag=self.tag), timeout=self.timeout)
+            ballot = {"stop": flag, "reached": reached}
+            await t.send(0, Message.of_control(ballot, round=step, tag=self.tag), timeout=self.timeout)
             reply = await t.recv(0, tag=self.tag, round=step, timeout=self.timeout)
             return bool(reply.control and reply.control.get("stop"))
-        decision = flag
+        any_spent, all_reached = flag, reached
         for peer in t.peers:
             msg = await t.recv(peer, tag=self.tag, round=step, timeout=self.timeout)
-            decision = decision or bool(msg.control and msg.control.get("stop"))
+            any_spent = any_spent or bool(msg.control and msg.control.get("stop"))
+            all_reached = all_reached and bool(msg.control and msg.control.get("reached"))
+        decision = any_spent or all_reached
         for peer in t.peers:
             await t.send(peer, Message.of_control({"stop": decision}, round=step, tag=self.tag), timeout=self.timeout)
         return decision
 
 
-async def local_vote(step: int, flag: bool) -> bool:
+async def local_vote(step: int, flag: bool, *, reached: bool = False) -> bool:
     """No agreement: for a single rank, or when every rank is known to decide alike."""
-    return flag
+    return flag or reached

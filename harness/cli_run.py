@@ -1,0 +1,133 @@
+"""``squall run``, ``squall matrix``, ``squall report`` and ``squall claims``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.checks import converged
+from harness.claims import load_claims
+from harness.matrix import build_matrix, load_matrix_file
+from harness.report import load_results, write_report
+from harness.runner import Labs, run_matrix, target_of
+from harness.trace import trace_to_json
+from protocols.catalog import PROTOCOLS
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _target(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    metric, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--target must look like accuracy=0.9 or eval_loss=0.5, got {text!r}")
+    return {metric.strip(): float(value)}
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
+                          source="squall run", known_protocols=PROTOCOLS)
+    run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr}
+    if args.target:
+        run["target"] = _target(args.target)
+    cell = matrix.cells()[0]
+    with Labs(backend=args.backend) as labs:
+        from harness.experiment import RunSpec
+
+        trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run), cell.workers)
+    target = target_of(run)
+    verdict = converged(trace, target) if target else None
+    if args.json:
+        sys.stdout.write(json.dumps({"trace": trace_to_json(trace), "verdict": verdict and verdict.line()}) + "\n")
+    else:
+        final = [r for r in trace.records if r.accuracy is not None]
+        last = final[-1] if final else None
+        sys.stdout.write(f"{cell.id()}: backend {trace.backend}, {len(trace.records)} records, "
+                         f"{trace.duration:.1f} s" + (f", accuracy {last.accuracy:.3f}" if last else "") + "\n")
+        if verdict:
+            sys.stdout.write(verdict.line() + "\n")
+    return 0 if verdict is None or verdict.passed else 1
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    spec = load_matrix_file(args.file, known_protocols=PROTOCOLS)
+    known = {c.id: c for c in load_claims()}
+    unknown = [c for c in spec.claims if c not in known]
+    if unknown:
+        raise ValueError(f"{args.file}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
+    claims = [] if args.no_claims else [known[c] for c in spec.claims]
+    results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=_progress,
+                         title=f"Squall matrix: {args.file.name}")
+    _, page = write_report(results, args.report)
+    _summary(results.cells, results.claims)
+    sys.stdout.write(f"report: {page}\n")
+    states = [v.passed for c in results.cells for v in c.verdicts] + [c.verdict.passed for c in results.claims]
+    return 0 if all(s is True for s in states) else 1
+
+
+def _summary(cells: Any, claims: Any) -> None:
+    width = max([len(c.cell_id) for c in cells] + [4])
+    for c in cells:
+        states = [v.passed for v in c.verdicts]
+        state = "FAIL" if False in states else "UNKNOWN" if None in states else "pass"
+        sys.stdout.write(f"{c.cell_id:<{width}}  {state:<7}  {c.trace.duration:6.1f} s  "
+                         + "; ".join(f"{v.check}={v.measured}" for v in c.verdicts) + "\n")
+    for c in claims:
+        sys.stdout.write(f"claim {c.claim_id}: {c.verdict.line()}\n")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    results = load_results(args.dir)
+    _, page = write_report(results, args.dir)
+    sys.stdout.write(f"report: {page}\n")
+    return 0
+
+
+def _cmd_claims(args: argparse.Namespace) -> int:
+    claims = load_claims()
+    if args.json:
+        sys.stdout.write(json.dumps([{"id": c.id, "paper": c.paper, "claim": c.claim, "paper_figure": c.paper_figure,
+                                      "our_setting": c.our_setting} for c in claims]) + "\n")
+    else:
+        for c in claims:
+            sys.stdout.write(f"{c.id}\n  {c.paper}: {c.claim}\n  paper: {c.paper_figure}\n  ours: {c.our_setting}\n")
+    return 0
+
+
+def add_subparser(sub: Any) -> None:
+    """Register run, matrix, report and claims."""
+    run = sub.add_parser("run", help="run one protocol on one profile (one cell) and check it")
+    run.add_argument("--protocol", required=True, help=f"one of {sorted(PROTOCOLS)} or package.module:function")
+    run.add_argument("--profile", required=True, help="profile name or YAML path")
+    run.add_argument("--workers", type=int, default=4)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seconds", type=float, default=20.0, help="training time budget")
+    run.add_argument("--task", default="logreg_digits")
+    run.add_argument("--lr", type=float, default=0.5)
+    run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
+    run.add_argument("--backend", choices=["netem", "nfqueue"])
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(func=_cmd_run)
+
+    matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")
+    matrix.add_argument("file", type=Path, help="matrix YAML (see matrices/)")
+    matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
+    matrix.add_argument("--backend", choices=["netem", "nfqueue"])
+    matrix.add_argument("--no-claims", action="store_true", help="skip the claims listed in the file")
+    matrix.set_defaults(func=_cmd_matrix)
+
+    report = sub.add_parser("report", help="rebuild report.md and report.html from a results directory")
+    report.add_argument("dir", type=Path)
+    report.set_defaults(func=_cmd_report)
+
+    claims = sub.add_parser("claims", help="list the claims registry")
+    claims.add_argument("--json", action="store_true")
+    claims.set_defaults(func=_cmd_claims)
+
