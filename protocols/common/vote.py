@@ -20,6 +20,7 @@ from typing import Protocol
 from protocols.transport import Transport
 from protocols.wire import Message
 
+
 class Vote(Protocol):
     """``async (step, budget_spent, *, reached) -> decision``, the decision identical on every rank."""
 
