@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 
@@ -72,11 +73,13 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
         elif len(cluster.nodes) != workers:
             raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {workers}")
         run = _Run(cluster, plan, state)
+        load_before = os.getloadavg()[0]
         baseline = run.baseline()
         shaper = shaping.open_shaper(cluster.endpoints(), run_id=cluster.run_id, backend=backend)
         stack.callback(shaper.close)
         evidence = run.shaped(shaper, baseline)
         used = shaper.backend
+        run.notes.append(_load_note(load_before, os.getloadavg()[0]))
     rows = judge(state, plan.links, evidence, loss_confidence=plan.loss_confidence)
     return CalibrationReport(prof.name, workers, used, at, quick, tuple(rows), baseline, plan, tuple(run.errors),
                              tuple(run.notes), time.monotonic() - started)
@@ -159,6 +162,15 @@ class _Run:
             shaper.check()
         except ShapingError as exc:
             self.errors.append(f"the shaper stopped working during the {phase}: {exc}")
+
+
+def _load_note(before: float, after: float) -> str:
+    """Host load during the run: a busy host delays a userspace shaper and the probes alike."""
+    cores = os.cpu_count() or 1
+    note = f"host load average {before:.1f} before, {after:.1f} after, on {cores} cores"
+    if max(before, after) > cores:
+        note += ": other work competed for the CPU, expect stalls and late packets"
+    return note
 
 
 def _mbit(seen: TransferObservation | None) -> str:
