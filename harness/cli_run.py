@@ -12,14 +12,9 @@ from harness.checks import converged
 from harness.claims import load_claims
 from harness.matrix import build_matrix, load_matrix_file
 from harness.report import load_results, write_report
-from harness.runner import Labs, run_matrix, target_of
+from harness.runner import Labs, run_matrix, stderr_progress, target_of
 from harness.trace import trace_to_json
 from protocols.catalog import PROTOCOLS
-
-
-def _progress(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 def _target(text: str | None) -> dict[str, float] | None:
@@ -63,7 +58,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"{args.file}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
-    results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=_progress,
+    results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=stderr_progress,
                          title=f"Squall matrix: {args.file.name}")
     _, page = write_report(results, args.report)
     _summary(results.cells, results.claims)

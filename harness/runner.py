@@ -8,6 +8,7 @@ target; claims are evaluated on the same labs. Progress goes to a callback, one 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -23,6 +24,12 @@ from harness.trace import RunTrace
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+
+
+def stderr_progress(line: str) -> None:
+    """The progress display of the CLI: one line per cell on stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 class Labs:

@@ -115,11 +115,31 @@ def build_trace(*, protocol: str, profile: str, seed: int, backend: str,
                 per_worker: Sequence[Sequence[Mapping[str, Any]]], start_wall: float,
                 churn: Sequence[ChurnMark] = (), survivors: Sequence[int] = (),
                 meta: Mapping[str, Any] | None = None) -> RunTrace:
-    """A :class:`RunTrace` from each worker's decoded metrics records (index = worker)."""
+    """A :class:`RunTrace` from each worker's decoded metrics records (index = worker).
+
+    ``t = 0`` is when training started: the earliest first step record of any worker (the shared
+    loop writes it right after its start barrier). Process start-up before that (fork, imports,
+    loading data: seconds when 8 workers share 2 cores) is not training time and would blur every
+    time-to-target; it is kept in ``meta["startup_s"]``. Without step records, ``start_wall`` is t = 0.
+    """
+    firsts = [w for recs in per_worker for w in [_first_wall(recs)] if w is not None]
+    train_start = min(firsts) if firsts else start_wall
+    offset = train_start - start_wall
+    meta = {**dict(meta or {}), "startup_s": round(offset, 3)}
+    churn = [ChurnMark(c.t - offset, c.kind, c.nodes) for c in churn]  # churn times were from start_wall
+    start_wall = train_start
     records = [r for w, recs in enumerate(per_worker) for r in step_records(w, recs, start_wall)]
     records.sort(key=lambda r: (r.t, r.worker))
     return RunTrace(protocol=protocol, profile=profile, workers=len(per_worker), seed=seed, backend=backend,
-                    records=tuple(records), churn=tuple(churn), survivors=tuple(survivors), meta=dict(meta or {}))
+                    records=tuple(records), churn=tuple(churn), survivors=tuple(survivors), meta=meta)
+
+
+def _first_wall(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Wall time of a worker's first step record."""
+    for rec in records:
+        if isinstance(_get(rec, "step"), int):
+            return _num(_get(rec, "wall"))
+    return None
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:

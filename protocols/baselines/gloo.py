@@ -133,11 +133,14 @@ class GlooReducer:
         return self.counters.copy()
 
 
-async def gloo_vote(step: int, flag: bool) -> bool:
-    """Stop agreement: the OR of every rank's flag, by an all-reduce MAX."""
-    vote = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-    return bool(vote[0])
+async def gloo_vote(step: int, flag: bool, *, reached: bool = False) -> bool:
+    """Stop agreement: any rank's spent budget, or every rank's target, by one all-reduce MAX.
+
+    ``[flag, not reached]`` MAX-reduced gives (any spent, any short of the target).
+    """
+    ballot = torch.tensor([int(flag), int(not reached)], dtype=torch.int32)
+    dist.all_reduce(ballot, op=dist.ReduceOp.MAX)
+    return bool(ballot[0]) or not bool(ballot[1])
 
 
 def _algorithm(name: str, options: dict[str, Any], reducer: GlooReducer, sgd: Sgd) -> Algorithm:

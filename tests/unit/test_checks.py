@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from harness.checks import Target, Verdict, converged, drift_bounded, fidelity, safe, speedup
-from harness.trace import RunTrace, StepRecord, build_trace
+from harness.trace import ChurnMark, RunTrace, StepRecord, build_trace
 
 
 def trace(curves: dict[int, list[tuple[float, float]]], *, metric: str = "accuracy", protocol: str = "p",
@@ -140,7 +140,11 @@ def test_a_crashing_check_is_unknown_never_a_pass() -> None:
 def test_build_trace_aligns_workers_on_the_shared_clock_and_skips_junk() -> None:
     w0 = [{"step": 0, "wall": 100.5, "loss": 2.0, "projection": [1, 2]}, {"note": "no step"}]
     w1 = [{"step": 0, "wall_time": 100.2, "train_loss": 1.5, "hash": "ab", "acc": 0.5, "loss": float("nan")}]
-    t = build_trace(protocol="ring", profile="lan", seed=1, backend="nfqueue", per_worker=[w0, w1], start_wall=100.0)
-    assert [(r.worker, r.t) for r in t.records] == [(1, pytest.approx(0.2)), (0, pytest.approx(0.5))]
+    marks = [ChurnMark(1.2, "kill", (0,))]
+    t = build_trace(protocol="ring", profile="lan", seed=1, backend="nfqueue", per_worker=[w0, w1], start_wall=100.0,
+                    churn=marks)
+    # t = 0 is when training started (the first step record), not when the job was dispatched
+    assert [(r.worker, r.t) for r in t.records] == [(1, pytest.approx(0.0)), (0, pytest.approx(0.3))]
+    assert t.meta["startup_s"] == pytest.approx(0.2) and t.churn[0].t == pytest.approx(1.0)
     assert t.of(0)[0].projection == (1.0, 2.0) and t.of(1)[0].param_hash == "ab"
     assert t.of(1)[0].loss is None and t.of(1)[0].accuracy == 0.5  # NaN is not a value
