@@ -10,10 +10,10 @@ PY    := $(VENV)/bin/python
 SQUALL := $(VENV)/bin/squall
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv docker image lint typecheck bench gc clean help
+.PHONY: demo test unit integration matrix venv docker image lint typecheck bench gc clean help
 
 help:
-	@echo "make demo | test | unit | integration | lint | typecheck | bench | gc | clean"
+	@echo "make demo | test | unit | integration | matrix | lint | typecheck | bench | gc | clean"
 
 venv:
 	@scripts/ensure-venv.sh
@@ -38,6 +38,9 @@ unit: venv
 
 integration: image
 	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+matrix: image
+	@$(SQUALL) matrix matrices/full.yaml --report results/matrix
 
 lint: venv
 	@$(VENV)/bin/ruff check .

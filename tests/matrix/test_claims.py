@@ -1,0 +1,18 @@
+"""Every claim in claims.yaml, measured on real containers and shaped links (see harness/claims.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness.claims import evaluate, load_claims
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("claim", load_claims(), ids=lambda c: c.id)
+def test_claim(claim: Any, squall_run: Any, squall_check: Any, record_property: Any) -> None:
+    result = evaluate(claim, lambda spec, workers: squall_run(spec, workers=workers))
+    record_property("squall_claim_paper_figure", claim.paper_figure)
+    squall_check(result.verdict)
