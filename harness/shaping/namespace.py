@@ -20,24 +20,15 @@ lands in the wrong namespace. The check and the ``setns`` use the same open file
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Iterator
 
 from harness.shaping.base import ShapingError
-
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
+from harness.shaping.nfqueue.netns import entered_fd
 
 
 class NamespaceGone(ShapingError):
     """The namespace no longer exists (its process died), or the path now names another one."""
-
-
-def _setns(fd: int, what: str) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns({what}): {os.strerror(err)}")
 
 
 def identity_of(path: str) -> tuple[int, int]:
@@ -73,22 +64,15 @@ class Namespace:
             target = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NamespaceGone(f"network namespace {self.path} does not exist") from None
-        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(target)
             if (st.st_dev, st.st_ino) != self.identity:
                 raise NamespaceGone(f"{self.path} now names another namespace (its process was replaced)")
-            try:
-                _setns(target, self.path)
-            except OSError as exc:
-                raise ShapingError(f"cannot enter network namespace {self.path}: {exc.strerror}") from exc
-            try:
-                yield
-            finally:
+            with contextlib.ExitStack() as stack:
                 try:
-                    _setns(home, "home namespace")
-                except OSError as exc:  # pragma: no cover - the kernel never refuses our own namespace
-                    raise RuntimeError(f"cannot return to the host network namespace: {exc}") from exc
+                    stack.enter_context(entered_fd(target, self.path))
+                except OSError as exc:
+                    raise ShapingError(f"cannot enter network namespace {self.path}: {exc.strerror}") from exc
+                yield
         finally:
-            os.close(home)
             os.close(target)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from harness.shaping.namespace import CLONE_NEWNET
+from harness.shaping.nfqueue.netns import CLONE_NEWNET
 from harness.shaping.ops import TC_H_ROOT, Netem, QdiscOp, handle
 from harness.shaping.tc import NETLINK_ROUTE, NetemSender
 

@@ -29,31 +29,42 @@ def netns_of_name(name: str) -> str:
     return f"/run/netns/{name}"
 
 
-def _setns(fd: int, what: str) -> None:
+def setns(fd: int, what: str) -> None:
+    """Move the calling thread into the network namespace open at ``fd`` (``what`` names it in errors)."""
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns({what}): {os.strerror(err)}")
 
 
 @contextlib.contextmanager
-def entered(path: str) -> Iterator[None]:
-    """Run the body with the calling thread inside the network namespace at ``path``."""
+def entered_fd(fd: int, what: str) -> Iterator[None]:
+    """Run the body with the calling thread inside the namespace open at ``fd``, then return home.
+
+    :raises OSError: when the namespace cannot be entered (before the body runs).
+    """
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(target, path)
-        finally:
-            os.close(target)
+        setns(fd, what)
         try:
             yield
         finally:
             try:
-                _setns(home, "home namespace")
+                setns(home, "home namespace")
             except OSError as exc:  # pragma: no cover - the kernel never refuses our own namespace
                 raise RuntimeError(f"cannot return to the host network namespace: {exc}") from exc
     finally:
         os.close(home)
+
+
+@contextlib.contextmanager
+def entered(path: str) -> Iterator[None]:
+    """Run the body with the calling thread inside the network namespace at ``path``."""
+    target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with entered_fd(target, path):
+            yield
+    finally:
+        os.close(target)
 
 
 def socket_in(path: str, family: int, kind: int, proto: int = 0) -> socket.socket:
