@@ -30,8 +30,11 @@ EXIT_USAGE = 2
 
 def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``calibrate`` on a parent command's sub-parsers."""
-    parser = subparsers.add_parser("calibrate", help="measure every link of a profile against its settings",
-                                   description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = subparsers.add_parser(
+        "calibrate", help="measure every link of a profile against its settings",
+        description="Start a cluster, shape it with the profile, probe every directed link from inside the "
+                    "containers and print configured against measured with a verdict per check. Exit 0 when "
+                    "every check passed, 1 otherwise.")
     parser.add_argument("--profile", "-p", required=True, metavar="NAME_OR_FILE", help="the network profile")
     parser.add_argument("--workers", "-n", type=int, default=None,
                         help=f"cluster size (default {DEFAULT_WORKERS}, or the profile's minimum)")
