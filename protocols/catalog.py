@@ -38,6 +38,8 @@ PROTOCOLS: dict[str, Protocol] = {
     "dpsgd_exp": _sgd("dpsgd", "D-PSGD gossip on an exponential graph", topology="exponential"),
     "sgp": _sgd("sgp", "stochastic gradient push (push-sum) on the directed exponential graph"),
     "matcha": _sgd("matcha", "MATCHA, matchings of a ring activated at budget 0.5", topology="ring", budget=0.5),
+    "swarm": Protocol("swarm", {"algorithm": "swarm", "algorithm_args": {"bits": 8}},
+                      "SwarmSGD: async pairwise averaging on a random 4-regular graph, H ~ Geom(3), 8-bit lattice"),
 }
 
 

@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "train": "protocols.train:train",
     "gloo_allreduce": "protocols.baselines.gloo:gloo_allreduce",
     "gloo_train": "protocols.baselines.gloo:gloo_train",
+    "swarm": "protocols.swarm.job:swarm",
 }
 
 

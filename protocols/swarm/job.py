@@ -1,0 +1,52 @@
+"""Job entry point ``swarm``: one SwarmSGD node over a TCP mesh between the containers.
+
+The config is a training job's (:mod:`protocols.common.config`: task, lr, budgets, device, port...)
+with SwarmSGD's options in ``algorithm_args`` (:mod:`protocols.swarm.options`). Returns the same
+summary as the ``train`` job plus the node's ``swarm_*`` counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from protocols.common.config import RunConfig
+from protocols.common.device import DeviceModel
+from protocols.common.optim import Sgd
+from protocols.job import JobContext
+from protocols.swarm.driver import SwarmTrainer
+from protocols.swarm.options import SwarmOptions
+from protocols.train import run_config
+from protocols.transport import TcpTransport
+
+
+def swarm(ctx: JobContext) -> dict[str, Any]:
+    """Entry point: train with SwarmSGD; returns this node's summary."""
+    config = run_config(ctx)
+    options = SwarmOptions.from_json(config.algorithm_args)
+    return asyncio.run(_swarm(ctx, config, options))
+
+
+async def _swarm(ctx: JobContext, config: RunConfig, options: SwarmOptions) -> dict[str, Any]:
+    peers = {rank: (address, config.port) for rank, address in enumerate(ctx.spec.peers)}
+    task = config.build_task()
+    async with TcpTransport(rank=ctx.rank, peers=peers, default_timeout=config.timeout) as transport:
+        trainer = SwarmTrainer(
+            task,
+            transport,
+            config.loop,
+            options,
+            device=DeviceModel.from_config(config.device, node=ctx.rank),
+            optimizer=Sgd(config.sgd),
+            write=ctx.metrics.write,
+        )
+        result = await trainer.run()
+    return {
+        "task": config.task,
+        "algorithm": "swarm",
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "dim": task.dim,
+        **result.summary(),
+        **trainer.node.stats(),
+    }

@@ -1,0 +1,193 @@
+"""The reference-point (modular lattice) quantizer of SwarmSGD: encode a vector relative to the receiver's model.
+
+Pure numpy; nothing here knows about messages or transports.
+
+Lattice. Fix a spacing ``eps > 0`` and ``b`` bits, ``q = 2**b``. The sender rounds ``x`` to the
+lattice ``eps Z^d`` and sends only each coordinate's residue modulo ``q``::
+
+    k = rint(x / eps)          (int64, the lattice point; |x - eps k| <= eps/2 per coordinate)
+    c = k mod q                (in [0, q): b bits per coordinate on the wire)
+
+Decoding. The receiver knows ``c`` and ``eps`` and holds a *reference point* ``y`` close to ``x``
+(its own model). Among the integers congruent to ``c`` modulo ``q`` it picks the one nearest to
+``y / eps``::
+
+    m   = rint((y / eps - c) / q)
+    k'  = c + q m
+    x'  = eps k'
+
+Correctness radius. ``k' = k`` iff ``k`` is the residue-``c`` integer nearest to ``y/eps``, which
+holds when ``|y/eps - k| < q/2`` (a strict inequality: at exactly ``q/2`` two candidates tie).
+Since ``|x/eps - k| <= 1/2``, the triangle inequality gives ``|y/eps - k| <= |y - x|/eps + 1/2``,
+so decoding is exact on every coordinate where::
+
+    |x - y| < (q - 1) eps / 2  =:  radius(eps, b)
+
+and there ``|x - x'| = |x - eps k| <= eps/2``. Conversely, where ``|x - y| > (q + 1) eps / 2`` we
+have ``|y/eps - k| > q/2``, so ``k' != k``: decoding is wrong by a multiple of ``q eps``.
+
+Detecting failure. The receiver cannot see ``k``, but the sender can send a 64-bit digest of it
+(:func:`lattice_checksum`, BLAKE2b over the little-endian ``int64`` values): the receiver digests
+its ``k'``; equal digests mean ``k' = k`` on every coordinate (a false accept needs a BLAKE2b
+collision, probability about 2**-64). On a mismatch the exchange falls back to full precision.
+
+Cost. ``b`` bits per coordinate plus a fixed header, i.e. ``b / 32`` of float32; 4-bit codes are
+packed two per byte (:func:`pack_codes`). Choosing ``eps``: to make a reference at distance ``d``
+(sup norm) decodable with a safety factor ``s > 1``, take ``eps = 2 s d / (q - 1)``
+(:func:`spacing_for`); the error is then ``eps / 2 = s d / (q - 1)``, proportional to how far
+apart the models are, not to their size: this is why SwarmSGD quantizes relative to a reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+#: Bit widths the lattice codec supports (32 means "no quantization": raw float32).
+LATTICE_BITS = (4, 8)
+FULL_BITS = 32
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Codes = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A vector encoded on the lattice: what goes on the wire (before packing)."""
+
+    codes: Codes  # residues k mod q, one per coordinate, each < 2**bits
+    bits: int  # b: 4 or 8
+    eps: float  # lattice spacing
+    checksum: int  # lattice_checksum(k): lets the receiver detect a wrong decode
+
+    @property
+    def modulus(self) -> int:
+        """``q = 2**bits``."""
+        return 1 << self.bits
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """The receiver's reconstruction, and whether it provably equals the sender's lattice point."""
+
+    values: Floats  # eps * k' (float64)
+    ok: bool  # digest of k' matched the sender's checksum: values is the sender's lattice point
+
+
+def _check_bits(bits: int) -> int:
+    if bits not in LATTICE_BITS:
+        raise ValueError(f"lattice bits must be one of {LATTICE_BITS}, got {bits}")
+    return 1 << bits
+
+
+def _check_eps(eps: float) -> None:
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"lattice spacing eps must be finite and > 0, got {eps}")
+
+
+def radius(eps: float, bits: int) -> float:
+    """``(q - 1) eps / 2``: decoding is exact wherever ``|x - y|`` is strictly below it."""
+    q = _check_bits(bits)
+    _check_eps(eps)
+    return (q - 1) * eps / 2
+
+
+def spacing_for(distance: float, bits: int, *, safety: float = 2.0, eps_min: float = 1e-8) -> float:
+    """The spacing whose radius is ``safety x distance`` (at least ``eps_min``).
+
+    With ``safety > 1`` a reference within ``distance`` (sup norm) of the vector decodes exactly.
+    """
+    q = _check_bits(bits)
+    if not safety > 1:
+        raise ValueError(f"safety must be > 1, got {safety}")
+    if not (math.isfinite(distance) and distance >= 0):
+        raise ValueError(f"distance must be finite and >= 0, got {distance}")
+    return max(eps_min, 2.0 * safety * distance / (q - 1))
+
+
+def lattice_point(x: npt.ArrayLike, eps: float) -> Ints:
+    """``rint(x / eps)`` as int64 (round half to even)."""
+    _check_eps(eps)
+    scaled = np.asarray(x, dtype=np.float64) / eps
+    if not np.isfinite(scaled).all() or (scaled.size and float(np.abs(scaled).max()) >= 2.0**62):
+        raise ValueError(f"vector does not fit the lattice of spacing {eps} (non-finite or too large)")
+    return np.rint(scaled).astype(np.int64)
+
+
+def lattice_checksum(k: Ints) -> int:
+    """64-bit BLAKE2b digest of the lattice point ``k`` (little-endian int64 bytes)."""
+    data = np.ascontiguousarray(k, dtype="<i8").tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def encode(x: npt.ArrayLike, eps: float, bits: int) -> Encoded:
+    """Residues of ``x``'s lattice point modulo ``2**bits``, with its checksum."""
+    q = _check_bits(bits)
+    k = lattice_point(x, eps)
+    codes = np.mod(k, q).astype(np.uint8)
+    return Encoded(codes=codes, bits=bits, eps=float(eps), checksum=lattice_checksum(k))
+
+
+def decode_point(codes: Codes, eps: float, bits: int, reference: npt.ArrayLike) -> Ints:
+    """``k'``: the integer congruent to each code modulo ``q`` that is nearest to ``reference / eps``."""
+    q = _check_bits(bits)
+    _check_eps(eps)
+    ref = np.asarray(reference, dtype=np.float64)
+    c = np.asarray(codes).astype(np.int64)
+    if ref.shape != c.shape:
+        raise ValueError(f"reference has shape {ref.shape}, codes {c.shape}")
+    m = np.rint((ref / eps - c) / q)
+    if not np.isfinite(m).all():
+        raise ValueError("reference is not finite")
+    return c + q * m.astype(np.int64)
+
+
+def decode(encoded: Encoded, reference: npt.ArrayLike) -> Decoded:
+    """Reconstruct against ``reference`` and check the result against the sender's checksum."""
+    k = decode_point(encoded.codes, encoded.eps, encoded.bits, reference)
+    return Decoded(values=k.astype(np.float64) * encoded.eps, ok=lattice_checksum(k) == encoded.checksum)
+
+
+def quantize(x: npt.ArrayLike, eps: float) -> Floats:
+    """``eps * rint(x / eps)``: the value a successful decode yields (what the sender averages with)."""
+    return lattice_point(x, eps).astype(np.float64) * eps
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes of ``count`` packed codes of ``bits`` bits."""
+    _check_bits(bits)
+    return (count * bits + 7) // 8
+
+
+def pack_codes(codes: Codes, bits: int) -> Codes:
+    """Codes as bytes: one per byte at 8 bits; two per byte at 4 bits (low nibble first)."""
+    q = _check_bits(bits)
+    flat = np.asarray(codes, dtype=np.uint8).reshape(-1)
+    if flat.size and int(flat.max()) >= q:
+        raise ValueError(f"a code is >= 2**{bits}")
+    if bits == 8:
+        return flat.copy()
+    padded = np.zeros(flat.size + flat.size % 2, dtype=np.uint8)
+    padded[: flat.size] = flat
+    return (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_codes(data: Codes, bits: int, count: int) -> Codes:
+    """Inverse of :func:`pack_codes` for ``count`` codes; rejects a wrong length or nonzero padding."""
+    _check_bits(bits)
+    raw = np.asarray(data, dtype=np.uint8).reshape(-1)
+    if raw.size != packed_size(count, bits):
+        raise ValueError(f"{raw.size} bytes cannot hold exactly {count} codes of {bits} bits")
+    if bits == 8:
+        return raw.copy()
+    out = np.empty(raw.size * 2, dtype=np.uint8)
+    out[0::2] = raw & 0x0F
+    out[1::2] = raw >> 4
+    if count % 2 and out[-1] != 0:
+        raise ValueError("nonzero padding nibble after the last 4-bit code")
+    return out[:count]
