@@ -33,6 +33,7 @@ SHIPPED = [
     "flaky-links",
     "stragglers",
     "heterogeneous",
+    "one-slow-20ms",
 ]
 SIZES = [2, 4, 8, 16]
 MAX_RATE = 1_000_000_000
