@@ -107,17 +107,18 @@ def _delay_rows(link: Link, state: LinkState, evidence: Evidence) -> list[Check]
         seen = udp.links.get(link)
         one_way = seen.one_way if seen else None
         model = delay_model(spec)
-        return [check_delay(link, model, one_way, base.one_way_mean_us),
-                check_jitter(link, model, one_way, base.one_way_sd_us, samples=seen.one_way_samples if seen else ())]
+        legs = seen.one_way_samples if seen else ()
+        return [check_delay(link, model, one_way, base.one_way_mean_us, samples=legs),
+                check_jitter(link, model, one_way, base.one_way_sd_us, samples=legs)]
     trip = udp.round_trips.get(link) if udp else None
     rtt: Moments | None = trip.rtt if trip else None
     model = rtt_model(spec, back)
     if rtt is None and evidence.tcp_round_trips and link in evidence.tcp_round_trips:
         tcp = evidence.tcp_round_trips[link].rtt
         return [check_delay(link, model, tcp, base.rtt_mean_us, metric="rtt")]
-    return [check_delay(link, model, rtt, base.rtt_mean_us, metric="rtt"),
-            check_jitter(link, model, rtt, base.rtt_sd_us, samples=trip.rtt_samples if trip else (),
-                         metric="rtt_jitter")]
+    trips = trip.rtt_samples if trip else ()
+    return [check_delay(link, model, rtt, base.rtt_mean_us, samples=trips, metric="rtt"),
+            check_jitter(link, model, rtt, base.rtt_sd_us, samples=trips, metric="rtt_jitter")]
 
 
 def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState, confidence: float) -> Check:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -118,8 +119,12 @@ def _unknown(link: tuple[int, int], metric: str, unit: str, configured: float, w
 
 
 def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | None, baseline_us: float,
-                *, metric: str = "delay") -> Check:
-    """Mean delay (one way, or round trip with ``metric="rtt"``) against the configured mean."""
+                *, samples: Sequence[float] = (), metric: str = "delay") -> Check:
+    """Mean delay (one way, or round trip with ``metric="rtt"``) against the configured mean.
+
+    With raw ``samples`` the explanation also gives the median: when the median is right and the
+    mean is not, a few very late packets (host stalls) moved the mean, not the shaper's delay.
+    """
     want = _ms(model.mean_us)
     if measured is None or measured.count < MIN_DELAY_SAMPLES:
         n = measured.count if measured else 0
@@ -131,6 +136,8 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
     p_false = normal_two_sided(tol_us / measured.standard_error) if measured.sd > 0 else 0.0
     why = (f"mean {_ms(value_us):.3f} ms ({_ms(measured.mean):.3f} measured - {_ms(baseline_us):.3f} baseline) "
            f"vs {want:.3f} ms +- {_ms(tol_us):.3f} ms")
+    if samples:
+        why += f"; median {_ms(statistics.median(samples) - baseline_us):.3f} ms"
     why += f"; {model.note}" if model.note else ""
     return Check(link, metric, "ms", want, _ms(value_us), _ms(model.mean_us - tol_us), _ms(model.mean_us + tol_us),
                  Verdict.PASSED if ok else Verdict.FAILED, why, measured.count, p_false)

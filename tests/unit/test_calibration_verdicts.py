@@ -51,6 +51,12 @@ def test_delay_states_its_false_failure_probability() -> None:
     assert row.false_failure == pytest.approx(5.3e-4, rel=0.05)
 
 
+def test_delay_gives_the_median_to_tell_stalls_from_a_wrong_delay() -> None:
+    samples = [5_000.0] * 800 + [20_000.0] * 200  # a fifth of the packets stalled by 15 ms
+    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples)
+    assert row.verdict == F and "mean 8.000 ms" in row.why and "median 5.000 ms" in row.why
+
+
 def test_round_trip_delay_row() -> None:
     row = check_delay(LINK, DelayModel(10_000, 0), Moments(500, 10_080, 10), 80, metric="rtt")
     assert (row.metric, row.verdict, row.measured) == ("rtt", P, pytest.approx(10.0))
