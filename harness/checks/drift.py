@@ -3,11 +3,14 @@
 Each worker logs a fixed random projection ``P x`` of its parameter vector ``x`` (the same seeded
 Gaussian ``P`` on every worker, rows scaled by ``1/sqrt(k)``), so ``||P x_i - P x_j||`` estimates
 ``||x_i - x_j||`` (Johnson-Lindenstrauss) without shipping whole models. Records are aligned on a
-time grid: at each grid time, each surviving worker's latest record counts.
+time grid: at each grid time, each surviving worker's latest record counts. Lock-step protocols
+(every worker logs step k at about the same moment) are aligned by step instead: comparing
+workers a step apart would show drift that is not there.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -19,11 +22,14 @@ MIN_POINTS = 6
 
 
 def drift_series(trace: RunTrace, points: int = 30) -> list[tuple[float, float]]:
-    """``(t, max pairwise distance)`` on a grid from the time every survivor has logged to the end."""
+    """``(t, max pairwise distance)``: by step for lock-step runs, else on a time grid to the end."""
     per: dict[int, list[StepRecord]] = {w: [r for r in trace.of(w) if r.projection] for w in trace.alive}
     per = {w: recs for w, recs in per.items() if len(recs) >= MIN_POINTS}
     if len(per) < 2:
         return []
+    by_step = _lock_step_series(per)
+    if by_step is not None:
+        return by_step
     start = max(recs[0].t for recs in per.values())
     end = min(recs[-1].t for recs in per.values())
     if end <= start:
@@ -34,6 +40,24 @@ def drift_series(trace: RunTrace, points: int = 30) -> list[tuple[float, float]]
         latest = [_latest(recs, t).projection for recs in per.values()]
         series.append((t, max(_dist(a, b) for i, a in enumerate(latest) for b in latest[i + 1:])))
     return series
+
+
+def _lock_step_series(per: dict[int, list[StepRecord]]) -> list[tuple[float, float]] | None:
+    """Step-aligned series when every worker logs the same steps within less than a step's time."""
+    steps = [{r.step: r for r in recs} for recs in per.values()]
+    common = sorted(set.intersection(*(set(s) for s in steps)))
+    if len(common) < MIN_POINTS:
+        return None
+    rows = []
+    for k in common:
+        recs = [s[k] for s in steps]
+        times = [r.t for r in recs]
+        dist = max(_dist(a.projection, b.projection) for i, a in enumerate(recs) for b in recs[i + 1:])
+        rows.append((statistics.median(times), max(times) - min(times), dist))
+    step_time = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(rows))
+    if statistics.median(spread for _, spread, _ in rows) > step_time:
+        return None  # workers reach "step k" at different times: not lock-step
+    return [(t, d) for t, _, d in rows]
 
 
 def _latest(recs: Sequence[StepRecord], t: float) -> StepRecord:

@@ -148,3 +148,15 @@ def test_build_trace_aligns_workers_on_the_shared_clock_and_skips_junk() -> None
     assert t.meta["startup_s"] == pytest.approx(0.2) and t.churn[0].t == pytest.approx(1.0)
     assert t.of(0)[0].projection == (1.0, 2.0) and t.of(1)[0].param_hash == "ab"
     assert t.of(1)[0].loss is None and t.of(1)[0].accuracy == 0.5  # NaN is not a value
+
+
+def test_lock_step_runs_are_aligned_by_step_and_asynchronous_ones_by_time() -> None:
+    def proj(k: int) -> tuple[float, float]:
+        return (float(k), 0.0)  # parameters move every step, identically on every worker
+
+    lock = tuple(StepRecord(w, k, k + 0.3 * w, projection=proj(k)) for w in range(3) for k in range(20))
+    verdict = drift_bounded(RunTrace("ring", "lan", 3, 0, "none", lock), 1e-9)
+    assert verdict.passed is True, verdict.line()  # by time, workers 0.3 s apart would look 0.3 apart
+    slow = tuple(StepRecord(w, k, k * (1 + w), projection=proj(k)) for w in range(2) for k in range(20))
+    verdict = drift_bounded(RunTrace("swarm", "lan", 2, 0, "none", slow), 1e-9)
+    assert verdict.passed is False  # same step numbers at different times: compared by time
