@@ -13,6 +13,7 @@ import html
 import io
 import json
 import logging
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -129,23 +130,36 @@ def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float
             [statistics.median(v for _, v in by_step[s]) for s in steps])
 
 
+def _grid(panels: int) -> tuple[Any, list[Any]]:
+    """A figure with one panel per profile, at most 3 across."""
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
 def plot_loss(cells: Sequence[CellResult], metric: str = "loss") -> str | None:
-    """Loss vs wall time: one panel per profile, one line per protocol (seed 0 of each)."""
+    """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each)."""
     profiles = sorted({c.trace.profile for c in cells})
     if not profiles:
         return None
-    fig, axes = plt.subplots(1, len(profiles), figsize=(5 * len(profiles), 3.6), squeeze=False)
-    for ax, profile in zip(axes[0], profiles, strict=True):
+    fig, axes = _grid(len(profiles))
+    seed = min(c.trace.seed for c in cells)
+    for ax, profile in zip(axes, profiles, strict=True):
         for c in cells:
-            if c.trace.profile == profile and c.trace.seed == min(x.trace.seed for x in cells):
+            if c.trace.profile == profile and c.trace.seed == seed:
                 t, v = _median_curve(c.trace, metric)
                 if t:
                     ax.plot(t, v, label=f"{c.trace.protocol} (w{c.trace.workers})")
         ax.set_title(profile)
-        ax.set_xlabel("wall time (s)")
+        ax.set_xlabel("wall time since training started (s)")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -164,25 +178,31 @@ def plot_speedups(claims: Sequence[ClaimResult]) -> str | None:
 
 
 def plot_drift(cells: Sequence[CellResult]) -> str | None:
-    """Max pairwise parameter distance over time, churn events as vertical lines."""
+    """Max pairwise parameter distance over time per profile, churn events as vertical lines."""
     series = [(c, drift_series(c.trace)) for c in cells]
     series = [(c, s) for c, s in series if s]
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    profiles = sorted({c.trace.profile for c, _ in series})
+    fig, axes = _grid(len(profiles))
     floor = 1e-12  # identical parameters: drawn at the floor of the log axis
-    marks: dict[tuple[float, str], None] = {}
-    for c, s in series:
-        ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=c.cell_id)
-        marks.update({(m.t, m.kind): None for m in c.trace.churn})
-    for t, kind in marks:
-        ax.axvline(t, color="#c62828", alpha=0.35, linestyle="--")
-        ax.text(t, 0.98, f" {kind}", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90, va="top")
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("max pairwise distance")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    for ax, profile in zip(axes, profiles, strict=True):
+        marks: dict[tuple[float, str], None] = {}
+        for c, s in series:
+            if c.trace.profile == profile:
+                label = f"{c.trace.protocol} (w{c.trace.workers})"
+                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=label)
+                marks.update({(m.t, m.kind): None for m in c.trace.churn})
+        for t, kind in marks:
+            ax.axvline(t, color="#c62828", alpha=0.35, linestyle="--")
+            ax.text(t, 0.98, f" {kind}", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90, va="top")
+        ax.set_title(profile)
+        ax.set_xlabel("wall time since training started (s)")
+        ax.set_ylabel("max pairwise distance")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     return _png(fig)
 
 
