@@ -40,6 +40,8 @@ PROTOCOLS: dict[str, Protocol] = {
     "matcha": _sgd("matcha", "MATCHA, matchings of a ring activated at budget 0.5", topology="ring", budget=0.5),
     "swarm": Protocol("swarm", {"algorithm": "swarm", "algorithm_args": {"bits": 8}},
                       "SwarmSGD: async pairwise averaging on a random 4-regular graph, H ~ Geom(3), 8-bit lattice"),
+    "moshpit": Protocol("moshpit", {"algorithm": "moshpit", "algorithm_args": {"group_size": 2, "local_steps": 1}},
+                        "Moshpit SGD: local steps, averaging in groups on a virtual grid, tolerant of churn"),
 }
 
 

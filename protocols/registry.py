@@ -23,6 +23,8 @@ REGISTRY: dict[str, str] = {
     "gloo_allreduce": "protocols.baselines.gloo:gloo_allreduce",
     "gloo_train": "protocols.baselines.gloo:gloo_train",
     "swarm": "protocols.swarm.job:swarm",
+    "moshpit": "protocols.moshpit.jobs:moshpit_train",
+    "moshpit_average": "protocols.moshpit.jobs:moshpit_average",
 }
 
 
