@@ -10,10 +10,10 @@ PY    := $(VENV)/bin/python
 SQUALL := $(VENV)/bin/squall
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration matrix venv docker image lint typecheck bench gc clean help
+.PHONY: demo test unit integration matrix venv docker image lint typecheck bench bench-allreduce gc clean help
 
 help:
-	@echo "make demo | test | unit | integration | matrix | lint | typecheck | bench | gc | clean"
+	@echo "make demo | test | unit | integration | matrix | lint | typecheck | bench | bench-allreduce | gc | clean"
 
 venv:
 	@scripts/ensure-venv.sh
@@ -50,6 +50,10 @@ typecheck: venv
 
 bench: image
 	@$(PY) benchmarks/cluster.py --workers 4,8,16 --json results/bench-cluster.json
+
+bench-allreduce: image
+	@$(PY) benchmarks/allreduce.py --workers 4,8 --sizes 4KB,1MB,16MB,64MB --profiles lan,wan-5ms,thin-100mbit \
+		--json results/bench-allreduce.json
 
 gc: venv docker
 	@$(SQUALL) gc

@@ -25,6 +25,7 @@ REGISTRY: dict[str, str] = {
     "swarm": "protocols.swarm.job:swarm",
     "moshpit": "protocols.moshpit.jobs:moshpit_train",
     "moshpit_average": "protocols.moshpit.jobs:moshpit_average",
+    "allreduce_bench": "protocols.jobs.allreduce_bench:allreduce_bench",
 }
 
 

@@ -21,7 +21,11 @@ Both ends therefore install the same single connection, which keeps per-peer FIF
 
 Zero copy. Frames go out through :class:`~protocols.transport.stream.StreamConnection`, which
 hands the header and the tensor's memory to ``sendmsg`` without joining them, and come in
-through ``recv_into`` into exactly sized buffers allocated from the validated header.
+through ``recv_into`` into exactly sized buffers allocated from the validated header (large
+ones recycled once their tensors are gone). A send on an established connection that nobody
+is writing to takes the write lock without suspending and hands the frame to the kernel at
+once; only what the kernel does not take then waits, within the deadline, so the common case
+arms no timer.
 
 Failure. A reader task per connection delivers frames to the mailbox. EOF, a reset, an
 invalid frame or a ``BYE`` marks the peer failed after everything before it was delivered:
@@ -178,6 +182,17 @@ class TcpTransport(Transport):
             raise RuntimeError("call start() before send()")
         frame = encode_message(message, sender=self.rank, limits=self.limits, crc=self._crc)
         seconds = self._timeout(timeout)
+        link = self._links[peer]
+        conn = link.conn
+        if conn is not None and link.failed is None and not conn.write_lock.locked():
+            # Fast path: a connection is up and nobody is writing on it, so the lock is taken
+            # without suspending; a frame the kernel takes at once needs no deadline armed.
+            async with conn.write_lock:
+                rest = self._write_now(peer, conn, frame)
+                if rest:
+                    await self._write_rest(peer, conn, rest, seconds)
+            self._counters[peer].record_sent(frame.nbytes)
+            return
         deadline = asyncio.timeout(seconds)
         try:
             async with deadline:
@@ -419,17 +434,43 @@ class TcpTransport(Transport):
             await self._write_locked(peer, conn, frame)
 
     async def _write_locked(self, peer: int, conn: StreamConnection, frame: EncodedFrame) -> None:
+        rest = self._write_now(peer, conn, frame)
+        if rest:
+            await self._write_rest(peer, conn, rest, None)
+
+    def _write_now(self, peer: int, conn: StreamConnection, frame: EncodedFrame) -> list[memoryview]:
+        """Hand the kernel what it takes of ``frame`` at once (write lock held); returns the rest."""
         try:
-            await conn.send_parts(frame.parts())
+            return conn.send_now(frame.parts())
+        except OSError as exc:
+            raise self._send_failed(peer, exc) from exc
+
+    async def _write_rest(self, peer: int, conn: StreamConnection, rest: list[memoryview],
+                          seconds: float | None) -> None:
+        """Finish a frame (write lock held), within ``seconds`` if given (else the caller's deadline)."""
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                await conn.send_rest(rest)
         except asyncio.CancelledError:
             if conn.partial_write:
                 self._fail(peer, "a send was interrupted mid-frame; the stream lost its framing")
             raise
+        except TimeoutError:
+            if conn.partial_write:
+                self._fail(peer, "a send was interrupted mid-frame; the stream lost its framing")
+            if deadline.expired():
+                raise TransportTimeout("send", peer, seconds) from None
+            raise
         except OSError as exc:
-            if self._closed:
-                raise TransportClosed(f"transport of rank {self.rank} is closed") from exc
-            self._fail(peer, f"send failed: {type(exc).__name__}: {exc}")
-            raise self._links[peer].failed or PeerFailed(peer, str(exc)) from exc
+            raise self._send_failed(peer, exc) from exc
+
+    def _send_failed(self, peer: int, exc: OSError) -> Exception:
+        """The error a failed ``sendmsg`` turns into, after failing the peer."""
+        if self._closed:
+            return TransportClosed(f"transport of rank {self.rank} is closed")
+        self._fail(peer, f"send failed: {type(exc).__name__}: {exc}")
+        return self._links[peer].failed or PeerFailed(peer, str(exc))
 
     async def _send_overhead(self, peer: int, conn: StreamConnection, frame: EncodedFrame) -> None:
         """Write a housekeeping frame (the caller holds the write lock or owns the connection)."""
