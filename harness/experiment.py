@@ -10,16 +10,18 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from harness.cluster import Cluster, ClusterSpec, Mount
-from harness.cluster.cluster import SRC_MOUNT
+from harness.cluster.cluster import SRC_MOUNT, JobHandle
 from harness.cluster.image import REPO_ROOT as SQUALL_ROOT
+from harness.cluster.jobs import JobResult
 from harness.profiles import Profile, load_profile
 from harness.shaping import Shaper, state_at
 from harness.timeline import Action, TimelineRunner, plan_timeline
@@ -32,6 +34,8 @@ BASE_PORT = 29500
 EXT_MOUNT = "/squall/ext"  # where third-party protocol code is mounted
 #: Seconds a job may run past its budget (start-up, final evaluation, goodbyes) before it is cancelled.
 GRACE_S = 60.0
+#: Shortest budget a restarted node's job is given, even when the run's budget is nearly spent.
+MIN_REJOIN_S = 5.0
 
 
 class ExperimentError(RuntimeError):
@@ -130,8 +134,14 @@ class Lab:
         start_wall, start = time.time(), time.monotonic()
         handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
                                    timeout=duration + GRACE_S)
-        with TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper), start=start) as timeline:
-            results = handle.wait(raise_on_failure=False)
+        rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
+                         duration=duration) if proto.rejoins else None
+        with TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper, rejoin),
+                            start=start) as timeline:
+            first = handle.wait(raise_on_failure=False)
+        later = rejoin.wait() if rejoin is not None else []
+        lives = incarnations(first, later)
+        results = [runs[-1] for runs in lives]  # each node's last run says whether it survived
         try:
             shaper.check()
         except Exception as exc:
@@ -144,10 +154,12 @@ class Lab:
                                   + "\n  ".join(r.describe() for r in results))
         self._recover(cluster, shaper)
         meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
-                "budget_steps": spec.steps, "failures": [r.describe() for r in results if not r.ok],
-                "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness}
+                "budget_steps": spec.steps, "failures": [r.describe() for runs in lives for r in runs if not r.ok],
+                "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness,
+                "rejoined": sorted({r.node for r in later})}
+        per_worker = [[rec for r in runs for rec in r.metrics()] for runs in lives]
         return build_trace(protocol=spec.protocol, profile=profile.name, seed=spec.seed, backend=shaper.backend,
-                           per_worker=[r.metrics() for r in results], start_wall=start_wall,
+                           per_worker=per_worker, start_wall=start_wall,
                            churn=timeline.marks, survivors=survivors, meta=meta)
 
     def _config(self, spec: RunSpec, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +174,8 @@ class Lab:
         config.update(spec.config)
         return config
 
-    def _do(self, action: Action, profile: Profile, cluster: Cluster, shaper: Shaper) -> None:
+    def _do(self, action: Action, profile: Profile, cluster: Cluster, shaper: Shaper,
+            rejoin: _Rejoin | None = None) -> None:
         if action.kind == "reshape":
             shaper.apply(state_at(profile, self.workers, action.at_s))
             return
@@ -175,6 +188,8 @@ class Lab:
                 cluster.unpause(node)
             elif action.kind == "restart":
                 shaper.replace_endpoint(cluster.restart(node).endpoint)
+                if rejoin is not None:
+                    rejoin.start(node)
             else:
                 raise ExperimentError(f"unknown churn action {action.kind!r}")
 
@@ -192,6 +207,51 @@ class Lab:
         if self.cluster is None or self.shaper is None:
             raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
         return self.cluster, self.shaper
+
+
+class _Rejoin:
+    """Gives a node that churn restarted its job again, with the time left of the run's budget.
+
+    For protocols that can join a run under way (``Protocol.rejoins``). The timeline thread calls
+    :meth:`start`; :meth:`wait` collects every such run once the first ones are over.
+    """
+
+    def __init__(self, cluster: Cluster, entry: str, config: Mapping[str, Any],
+                 per_node: Mapping[int, Mapping[str, Any]], *, seed: int, start: float, duration: float) -> None:
+        self.cluster = cluster
+        self.entry = entry
+        self.config = dict(config)
+        self.per_node = per_node
+        self.seed = seed
+        self.start_time = start  # time.monotonic() of the run's start
+        self.duration = duration
+        self._handles: list[JobHandle] = []
+        self._lock = threading.Lock()
+
+    def start(self, node: int) -> None:
+        """Start the job on ``node`` for what is left of the budget (at least :data:`MIN_REJOIN_S`)."""
+        left = max(MIN_REJOIN_S, self.duration - (time.monotonic() - self.start_time))
+        handle = self.cluster.start_job(self.entry, {**self.config, "seconds": left}, nodes=[node],
+                                        per_node={node: self.per_node.get(node, {})}, seed=self.seed,
+                                        timeout=left + GRACE_S)
+        logger.info("node %d restarted: its job %s rejoins for %.1f s", node, handle.job_id, left)
+        with self._lock:
+            self._handles.append(handle)
+
+    def wait(self) -> list[JobResult]:
+        """Results of every run started, in the order they started."""
+        with self._lock:
+            handles = list(self._handles)
+        return [r for h in handles for r in h.wait(raise_on_failure=False)]
+
+
+def incarnations(first: Sequence[JobResult], later: Sequence[JobResult]) -> list[list[JobResult]]:
+    """Each node's runs of a job in order: its first run, then those it was given after restarts."""
+    lives = [[r] for r in sorted(first, key=lambda r: r.node)]
+    by_node = {runs[0].node: runs for runs in lives}
+    for r in later:
+        by_node[r.node].append(r)
+    return lives
 
 
 def code_dir_of(protocol: str) -> str | None:

@@ -19,6 +19,9 @@ class Protocol:
     entry: str  # job entry point (registry name or module:function)
     config: Mapping[str, Any] = field(default_factory=dict)  # keys laid under the run's own config
     description: str = ""  # one line for listings
+    #: The job can join a run already under way: a node that churn restarts is given it again
+    #: (with the time left), instead of staying out for the rest of the run.
+    rejoins: bool = False
 
 
 def _sgd(algorithm: str, description: str, **args: Any) -> Protocol:
@@ -41,7 +44,8 @@ PROTOCOLS: dict[str, Protocol] = {
     "swarm": Protocol("swarm", {"algorithm": "swarm", "algorithm_args": {"bits": 8}},
                       "SwarmSGD: async pairwise averaging on a random 4-regular graph, H ~ Geom(3), 8-bit lattice"),
     "moshpit": Protocol("moshpit", {"algorithm": "moshpit", "algorithm_args": {"group_size": 2, "local_steps": 1}},
-                        "Moshpit SGD: local steps, averaging in groups on a virtual grid, tolerant of churn"),
+                        "Moshpit SGD: local steps, averaging in groups on a virtual grid, tolerant of churn",
+                        rejoins=True),
 }
 
 

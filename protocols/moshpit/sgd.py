@@ -143,8 +143,10 @@ class MoshpitTrainer:
         loss, grad = self.task.loss_and_grad(self.x, next(batches))
         real = self.clock() - t_start
         pad = self.device.padding(self.k, real) if self.device is not None else 0.0
-        if pad > 0:
-            await asyncio.sleep(pad)
+        # Always yield, also without emulated compute time: averaging rounds and heartbeats run on
+        # this event loop, and a loop of steps that never awaits would starve them (no round would
+        # ever finish, and peers would time this one out).
+        await asyncio.sleep(max(pad, 0.0))
         slept = self.clock() - t_start - real if pad > 0 else 0.0
         lr = self.loop.lr(self.k)
         self.x = self.optimizer.update(self.x, grad, lr)

@@ -43,9 +43,10 @@ def _one_thread() -> Iterator[None]:
 class Peers:
     """Trainers on one in-process hub."""
 
-    def __init__(self, n: int, loop: LoopConfig, options: MoshpitOptions) -> None:
+    def __init__(self, n: int, loop: LoopConfig, options: MoshpitOptions, *, step_time_s: float | None = 0.01) -> None:
         self.hub = InProcHub(n, latency=0.001)
         self.loop, self.options = loop, options
+        self.step_time_s = step_time_s  # emulated compute per step (None: no device model)
         self.task = make_task("logreg_digits")
         self.records: dict[int, list[dict[str, Any]]] = {r: [] for r in range(n)}
 
@@ -62,7 +63,7 @@ class Peers:
             self.options,
             self.loop,
             optimizer=Sgd(),
-            device=DeviceModel(node=rank, step_time_s=0.01),
+            device=None if self.step_time_s is None else DeviceModel(node=rank, step_time_s=self.step_time_s),
             write=lambda **fields: self.records[rank].append(fields),
         )
 
@@ -116,3 +117,19 @@ def test_a_killed_peer_is_dropped_and_its_restarted_process_rejoins_and_converge
     assert first["step"] > 40  # it continued from the downloaded step, not from 0
     gone = [rec["alive"] for rec in peers.records[0] if 1.0 < rec.get("elapsed_s", 0) < 1.3]
     assert gone and min(gone) == 3  # rank 3 left rank 0's view while it was down
+
+
+def test_without_emulated_compute_time_the_steps_still_leave_room_for_averaging() -> None:
+    # Steps that never wait (no device model) must not starve the rounds and heartbeats that share
+    # their event loop: before the fix, every peer trained alone and timed the others out.
+    loop = LoopConfig(lr=LrSchedule(0.5), seconds=2.0, eval_every=50)
+    peers = Peers(4, loop, OPTIONS, step_time_s=None)
+
+    async def main() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(peers.run(peers.trainer(r)) for r in range(4))))
+
+    results = asyncio.run(main())
+    assert all(r["rounds_ok"] >= 5 for r in results), [(r["rounds_ok"], r["rounds_skipped"]) for r in results]
+    late = [rec["alive"] for r in range(4) for rec in peers.records[r]
+            if rec.get("elapsed_s", 0) > 1.0 and "alive" in rec]
+    assert late and min(late) == 4  # nobody timed anybody out
