@@ -31,7 +31,7 @@ import torch
 
 from protocols.moshpit.messages import GroupInfo, excluded
 from protocols.moshpit.net import PeerNet
-from protocols.moshpit.partition import Bounds, blend, shard_bounds, weighted_mean
+from protocols.moshpit.partition import Bounds, blend_into, shard_bounds, weighted_mean
 from protocols.transport import TransportError
 from protocols.wire import Message
 
@@ -93,14 +93,16 @@ class GroupAllReduce:
             self._reduce_and_answer(flat, bounds, start),
             self._gather(flat, bounds, start + self.config.reducer_timeout_s),
         )
-        out = flat.clone()
+        out = torch.empty_like(flat)  # every shard is written below: its mean, or my own values
         failed = []
         for j, (a, b) in enumerate(bounds):
             avg = mine if j == self.me else gathered.get(j)
             if avg is not None:
-                out[a:b] = blend(flat[a:b], avg, self.config.alpha)
-            elif j != self.me and b > a:
-                failed.append(self.group.members[j])
+                blend_into(out[a:b], flat[a:b], avg, self.config.alpha)
+            else:
+                out[a:b].copy_(flat[a:b])
+                if j != self.me and b > a:
+                    failed.append(self.group.members[j])
         return AllReduceOutcome(out, contributors, excluded, tuple(failed), self._sent)
 
     # -- steps (overridable for fault injection) --------------------------------------------------

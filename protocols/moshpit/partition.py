@@ -94,10 +94,11 @@ def weighted_mean(copies: Sequence[tuple[float, torch.Tensor]]) -> torch.Tensor 
         raise ValueError(f"weights must be >= 0, got {[w for w, _ in copies]}")
     if total <= 0:
         return None
-    acc = torch.zeros_like(copies[0][1])
+    acc: torch.Tensor | None = None  # starts as the first w x: the same bits as 0 + w x, one pass less
     for w, x in copies:
         if w:
-            acc.add_(x, alpha=w)
+            acc = torch.mul(x, w) if acc is None else acc.add_(x, alpha=w)
+    assert acc is not None  # total > 0: some weight is positive
     return acc.div_(total)
 
 
@@ -106,6 +107,11 @@ def blend(x: torch.Tensor, avg: torch.Tensor, alpha: float) -> torch.Tensor:
     if alpha == 1.0:
         return avg.clone()
     return x + alpha * (avg - x)
+
+
+def blend_into(out: torch.Tensor, x: torch.Tensor, avg: torch.Tensor, alpha: float) -> None:
+    """``out <- x + alpha (avg - x)``, the values of :func:`blend` written straight into ``out``."""
+    out.copy_(avg if alpha == 1.0 else x + alpha * (avg - x))
 
 
 def group_weight(weights: Sequence[float]) -> float:

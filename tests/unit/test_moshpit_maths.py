@@ -16,6 +16,7 @@ from protocols.moshpit.options import MoshpitOptions
 from protocols.moshpit.partition import (
     balanced_fractions,
     blend,
+    blend_into,
     equal_fractions,
     group_weight,
     shard_bounds,
@@ -140,6 +141,10 @@ def test_weighted_mean_blend_and_group_weight() -> None:
     assert torch.equal(blend(a, b, 0.5), torch.tensor([2.0, 4.0], dtype=torch.float64))
     assert torch.equal(blend(a, b, 1.0), b)
     assert group_weight([1.0, 3.0]) == 2.0
+    for alpha in (0.5, 1.0):
+        out = torch.full((2,), float("nan"), dtype=torch.float64)
+        blend_into(out, a, b, alpha)
+        assert torch.equal(out, blend(a, b, alpha))
     with pytest.raises(ValueError, match="weights must be >= 0"):
         weighted_mean([(-1.0, a)])
 
@@ -229,3 +234,25 @@ def test_options_validate_and_build_the_grid() -> None:
         MoshpitOptions(dims=2).grid(5)
     with pytest.raises(ValueError, match="sender_timeout_s < reducer_timeout_s"):
         MoshpitOptions(sender_timeout_s=5.0, reducer_timeout_s=5.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    # weights as rounds carry them: 0 (a joiner) or a mean of step counts; a weight that underflows in
+    # float32 (below ~1e-38) is not one, and there the two roundings may differ
+    st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 10.0)), min_size=1, max_size=5),
+    st.integers(1, 300),
+    st.integers(0, 2**31 - 1),
+)
+def test_weighted_mean_has_the_bits_of_summing_from_zero(weights: list[float], numel: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(numel, generator=gen, dtype=torch.float32) for _ in weights]
+    got = weighted_mean(list(zip(weights, xs, strict=True)))
+    if sum(weights) == 0:
+        assert got is None
+        return
+    reference = torch.zeros(numel, dtype=torch.float32)
+    for w, x in zip(weights, xs, strict=True):
+        if w:
+            reference.add_(x, alpha=w)
+    assert got is not None and torch.equal(got, reference.div_(sum(weights)))
