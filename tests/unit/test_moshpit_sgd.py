@@ -130,6 +130,7 @@ def test_without_emulated_compute_time_the_steps_still_leave_room_for_averaging(
 
     results = asyncio.run(main())
     assert all(r["rounds_ok"] >= 5 for r in results), [(r["rounds_ok"], r["rounds_skipped"]) for r in results]
-    late = [rec["alive"] for r in range(4) for rec in peers.records[r]
-            if rec.get("elapsed_s", 0) > 1.0 and "alive" in rec]
-    assert late and min(late) == 4  # nobody timed anybody out
+    # mid-run (the first peers to finish leave the others' views at the end)
+    middle = [rec["alive"] for r in range(4) for rec in peers.records[r]
+              if 0.8 < rec.get("elapsed_s", 0) < 1.5 and "alive" in rec]
+    assert middle and min(middle) == 4  # nobody timed anybody out
