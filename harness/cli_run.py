@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.checks import converged
 from harness.claims import load_claims
 from harness.matrix import build_matrix, load_matrix_file
-from harness.report import load_results, write_report
+from harness.report import CellResult, ClaimResult, load_results, write_report
 from harness.runner import Labs, run_matrix, stderr_progress, target_of
 from harness.trace import trace_to_json
 from protocols.catalog import PROTOCOLS
@@ -61,21 +62,33 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=stderr_progress,
                          title=f"Squall matrix: {args.file.name}")
     _, page = write_report(results, args.report)
-    _summary(results.cells, results.claims)
+    gates = {c.id: c.gate for c in claims}
+    _summary(results.cells, results.claims, gates)
     sys.stdout.write(f"report: {page}\n")
-    states = [v.passed for c in results.cells for v in c.verdicts] + [c.verdict.passed for c in results.claims]
+    return matrix_exit_code(results.cells, results.claims, gates)
+
+
+def matrix_exit_code(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> int:
+    """0 when every cell's checks and every gating claim passed; 1 otherwise.
+
+    A claim with ``gate: false`` is measured and reported (its verdict is in the summary and the
+    report) but does not fail the run: the registry says why it cannot gate.
+    """
+    states = [v.passed for c in cells for v in c.verdicts]
+    states += [c.verdict.passed for c in claims if gates.get(c.claim_id, True)]
     return 0 if all(s is True for s in states) else 1
 
 
-def _summary(cells: Any, claims: Any) -> None:
+def _summary(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> None:
     width = max([len(c.cell_id) for c in cells] + [4])
     for c in cells:
         states = [v.passed for v in c.verdicts]
         state = "FAIL" if False in states else "UNKNOWN" if None in states else "pass"
         sys.stdout.write(f"{c.cell_id:<{width}}  {state:<7}  {c.trace.duration:6.1f} s  "
                          + "; ".join(f"{v.check}={v.measured}" for v in c.verdicts) + "\n")
-    for c in claims:
-        sys.stdout.write(f"claim {c.claim_id}: {c.verdict.line()}\n")
+    for claim in claims:
+        reported = "" if gates.get(claim.claim_id, True) else " (reported, not a gate)"
+        sys.stdout.write(f"claim {claim.claim_id}{reported}: {claim.verdict.line()}\n")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
