@@ -13,7 +13,6 @@ Needs root, ``ip``, ``nsenter`` and iptables with NFQUEUE; skipped otherwise.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
@@ -22,7 +21,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from harness.shaping.nfqueue.errors import DaemonDied
 from harness.shaping.nfqueue.launcher import DaemonProcess
 from harness.shaping.nfqueue.probe import ProbeResult, probe
 from harness.shaping.nfqueue.testbed import Testbed
+from tests.timing import retrying
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and iptables"),
@@ -43,13 +43,10 @@ pytestmark = [
     ),
 ]
 
-logger = logging.getLogger(__name__)
-
 PORT = 9000
 DELAY_ABS_TOLERANCE_US = 500.0  # the mean one-way delay must be within max(0.5 ms, 5 %)
 DELAY_REL_TOLERANCE = 0.05
 JITTER_SD_TOLERANCE = 0.15  # relative
-TIMING_ATTEMPTS = 3  # tries of a timing measurement (see _retrying)
 Z99 = 2.576
 
 
@@ -115,24 +112,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             daemon.close()
 
 
-def _retrying(measure: Callable[[], None], what: str) -> None:
-    """Run a timing measurement with its assertions up to :data:`TIMING_ATTEMPTS` times; pass on a clean one.
-
-    This host is a 2-core VM that is now and then descheduled for tens of milliseconds (steal
-    time): every packet in flight then arrives late, and the daemon's own lateness counters show
-    it, whatever the daemon does. A daemon that shapes wrongly fails every attempt.
-    """
-    failures = []
-    for attempt in range(1, TIMING_ATTEMPTS + 1):
-        try:
-            measure()
-            return
-        except AssertionError as exc:
-            failures.append(f"attempt {attempt}: {exc}")
-            logger.warning("%s: attempt %d failed (host stall?): %s", what, attempt, exc)
-    pytest.fail(f"{what}: every attempt failed:\n" + "\n".join(failures))
-
-
 def _assert_delay(measured: list[float], expected_us: float, what: str) -> None:
     mean = statistics.fmean(measured)
     tol = max(DELAY_ABS_TOLERANCE_US, DELAY_REL_TOLERANCE * expected_us)
@@ -143,7 +122,7 @@ def _assert_delay(measured: list[float], expected_us: float, what: str) -> None:
 
 def test_constant_delay_20ms(world: World) -> None:
     world.set("b", LinkParams(delay_us=20_000))
-    _retrying(lambda: _check_constant_delay(world), "20 ms link a->b")
+    retrying(lambda: _check_constant_delay(world), "20 ms link a->b")
 
 
 def _check_constant_delay(world: World) -> None:
@@ -164,7 +143,7 @@ def _check_constant_delay(world: World) -> None:
 def test_namespaces_are_shaped_independently(world: World) -> None:
     world.set("b", LinkParams(delay_us=20_000))
     world.set("c", LinkParams(delay_us=5_000))
-    _retrying(lambda: _check_independent(world), "a->b and a->c at once")
+    retrying(lambda: _check_independent(world), "a->b and a->c at once")
 
 
 def _check_independent(world: World) -> None:
@@ -186,7 +165,7 @@ def _check_independent(world: World) -> None:
 
 def test_uniform_jitter(world: World) -> None:
     world.set("b", LinkParams(delay_us=20_000, jitter_us=5_000), seed=3)
-    _retrying(lambda: _check_uniform_jitter(world), "20 ms +- 5 ms uniform")
+    retrying(lambda: _check_uniform_jitter(world), "20 ms +- 5 ms uniform")
 
 
 def _check_uniform_jitter(world: World) -> None:
@@ -218,7 +197,7 @@ def test_random_loss_inside_binomial_interval(world: World) -> None:
 
 
 def test_link_change_takes_effect_within_100ms(world: World) -> None:
-    _retrying(lambda: _check_link_change(world), "30 ms -> 5 ms while probing")
+    retrying(lambda: _check_link_change(world), "30 ms -> 5 ms while probing")
 
 
 def _check_link_change(world: World) -> None:
@@ -251,7 +230,7 @@ def _check_link_change(world: World) -> None:
 
 def test_stats_report_counters_and_lateness(world: World) -> None:
     world.set("b", LinkParams(delay_us=10_000))
-    _retrying(lambda: _check_stats(world), "daemon counters and lateness")
+    retrying(lambda: _check_stats(world), "daemon counters and lateness")
 
 
 def _check_stats(world: World) -> None:
