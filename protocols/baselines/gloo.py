@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -38,6 +37,7 @@ from protocols.common.device import DeviceModel
 from protocols.common.loop import train as train_loop
 from protocols.common.optim import Sgd
 from protocols.job import JobContext
+from protocols.jobs.timing import bus_factor, median_of, timing_row
 from protocols.train import run_config
 from protocols.transport import PeerCounters
 
@@ -64,11 +64,6 @@ def process_group(ctx: JobContext, *, port: int, timeout_s: float) -> Iterator[N
         dist.destroy_process_group()
 
 
-def bus_factor(world_size: int) -> float:
-    """Bytes each rank moves per byte of tensor in a ring all-reduce: ``2 (n-1)/n``."""
-    return 2 * (world_size - 1) / world_size
-
-
 def _time_size(ctx: JobContext, nbytes: int, repetitions: int, warmup: int) -> dict[str, Any]:
     tensor = torch.ones(max(1, nbytes // BYTES_PER_ELEMENT), dtype=torch.float32)
     times = []
@@ -83,19 +78,9 @@ def _time_size(ctx: JobContext, nbytes: int, repetitions: int, warmup: int) -> d
             ctx.metrics.write(size=nbytes, rep=rep - warmup, seconds=elapsed)
     if float(tensor[0]) != ctx.world_size:
         raise RuntimeError(f"all-reduce of ones gave {float(tensor[0])}, expected {ctx.world_size}")
-    median = float(np.median(times))
-    slowest = torch.tensor([median], dtype=torch.float64)
+    slowest = torch.tensor([median_of(times)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    size = tensor.numel() * BYTES_PER_ELEMENT
-    return {
-        "bytes": size,
-        "median_s": median,
-        "p90_s": float(np.percentile(times, 90)),
-        "min_s": min(times),
-        "median_s_max": float(slowest[0]),
-        "algbw": size / median,
-        "busbw": bus_factor(ctx.world_size) * size / median,
-    }
+    return timing_row(times, tensor.numel() * BYTES_PER_ELEMENT, ctx.world_size, float(slowest[0]))
 
 
 def gloo_allreduce(ctx: JobContext) -> dict[str, Any]:

@@ -138,9 +138,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def flat_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous 1-d copy of ``tensor``'s values (detached, on the CPU)."""
-    if tensor.device.type != "cpu":
-        raise ValueError(f"collectives run on CPU tensors, got device {tensor.device}")
-    source = tensor.detach().reshape(-1)
+    source = flat_view(tensor)
     out = empty_like_flat(source)
     copy_into(out, source)
     return out

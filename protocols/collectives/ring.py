@@ -29,13 +29,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import numpy as np
 import torch
 
 from protocols.collectives.exchange import concurrently
 from protocols.collectives.ops import (
     ReduceOp,
-    as_numpy,
     check_op,
     checked_piece,
     combine_into,
@@ -44,7 +42,6 @@ from protocols.collectives.ops import (
     finalize,
     flat_copy,
     flat_view,
-    numpy_ufunc,
 )
 from protocols.collectives.schedule import chunk_elements, chunk_ranges, ring_chunk_bytes, ring_steps, split_bounds
 from protocols.transport import Transport
@@ -118,8 +115,6 @@ async def _ring(
     bounds = split_bounds(out.numel(), n)
     steps = ring_steps(rank, n)
     chunks = [chunk_ranges(bounds[s], bounds[s + 1], chunk) for s in range(n)]
-    src_np, out_np = as_numpy(source), as_numpy(out)  # per-chunk work on numpy views: one thread, no dispatch
-    ufunc = numpy_ufunc(op, out.dtype)
 
     ready: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     first = chunks[steps[0].send_segment]
@@ -134,13 +129,7 @@ async def _ring(
             await transport.send(right, Message.of_tensor(view, round=round, tag=tag), timeout=timeout)
 
     def take(start: int, stop: int, piece: torch.Tensor, reduce: bool) -> None:
-        piece_np = as_numpy(piece)
-        if src_np is not None and out_np is not None and piece_np is not None:
-            if reduce:
-                ufunc(src_np[start:stop], piece_np, out=out_np[start:stop])
-            else:
-                np.copyto(out_np[start:stop], piece_np, casting="no")
-        elif reduce:
+        if reduce:
             combine_into(op, source[start:stop], piece, out[start:stop])
         else:
             copy_into(out[start:stop], piece)

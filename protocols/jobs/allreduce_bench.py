@@ -66,6 +66,7 @@ from protocols.collectives import LinkModel, butterfly_allreduce, resolve_algori
 from protocols.collectives.butterfly import ButterflyChoice
 from protocols.gossip.mix import gossip_mix
 from protocols.job import JobContext
+from protocols.jobs.timing import median_of, timing_row
 from protocols.ps.server import ServerShard, SGDConfig
 from protocols.ps.sharding import PSLayout
 from protocols.ps.step import ps_step
@@ -237,21 +238,14 @@ class _Bench:
 
     async def _row(self, algorithm: str, size: int, times: list[float], cpu: list[float]) -> dict[str, Any]:
         n = self.transport.world_size
-        median = float(np.median(times))
         slowest = await ring_allreduce(
-            self.transport, torch.tensor([median], dtype=torch.float64), round=self._next_round(), op="max",
-            tag=SUMMARY_TAG,
+            self.transport, torch.tensor([median_of(times)], dtype=torch.float64), round=self._next_round(),
+            op="max", tag=SUMMARY_TAG,
         )
         row: dict[str, Any] = {
             "algorithm": algorithm,
-            "bytes": size,
-            "median_s": median,
-            "p90_s": float(np.percentile(times, 90)),
-            "min_s": min(times),
-            "median_s_max": float(slowest[0]),
-            "algbw": size / median,
-            "busbw": 2 * (n - 1) / n * size / median,
-            "cpu_s": float(np.median(cpu)),
+            **timing_row(times, size, n, float(slowest[0])),
+            "cpu_s": median_of(cpu),
             "repetitions": len(times),
         }
         if algorithm == "butterfly":

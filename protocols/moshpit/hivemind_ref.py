@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from protocols.job import JobContext
-from protocols.moshpit.jobs import AverageSpec, exact_mean, start_vector
+from protocols.moshpit.jobs import AverageSpec, exact_mean, report_trials, start_vector
 
 logger = logging.getLogger(__name__)
 
@@ -135,19 +135,4 @@ def _trials(ctx: JobContext, averager: Any, spec: AverageSpec, shared: Path, tim
         float((x - exact_mean(spec.seed, trial, ctx.world_size, spec.numel, spec.dtype)).abs().max())
         for trial, x in enumerate(finals)
     ]
-    for k, rec in enumerate(records):
-        last = k + 1 == len(records) or records[k + 1]["trial"] != rec["trial"]
-        ctx.metrics.write(**rec, max_err=errors[rec["trial"]] if last else None)
-    ordered = sorted(round_s)
-    return {
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "numel": spec.numel,
-        "dtype": str(spec.dtype).split(".")[-1],
-        "trials": spec.trials,
-        "rounds": spec.rounds,
-        "final_errors": errors,
-        "round_median_s": ordered[len(ordered) // 2] if ordered else None,
-        "round_s": round_s,
-        "implementation": "hivemind-1.1.12",
-    }
+    return {**report_trials(ctx, spec, records, round_s, errors), "implementation": "hivemind-1.1.12"}

@@ -155,6 +155,20 @@ async def _average_trials(ctx: JobContext, averager: MoshpitAverager, spec: Aver
     for trial, x in enumerate(finals):  # after the timed rounds: regenerating every peer's vector is slow
         mean = await asyncio.to_thread(exact_mean, spec.seed, trial, ctx.world_size, spec.numel, spec.dtype)
         errors.append(float((x - mean).abs().max()))
+    return {
+        **report_trials(ctx, spec, records, round_s, errors),
+        "grid": [averager.grid.side, averager.grid.dims],
+        "bytes_sent": averager.net.counters.bytes_sent,
+    }
+
+
+def report_trials(
+    ctx: JobContext, spec: AverageSpec, records: list[dict[str, Any]], round_s: list[float], errors: list[float]
+) -> dict[str, Any]:
+    """Write each round's record (a trial's last one with its final ``max_err``); the summary's common part.
+
+    Shared by our averaging job and the hivemind reference, so both report the same figures.
+    """
     for k, rec in enumerate(records):
         last = k + 1 == len(records) or records[k + 1]["trial"] != rec["trial"]
         ctx.metrics.write(**rec, max_err=errors[rec["trial"]] if last else None)
@@ -164,13 +178,11 @@ async def _average_trials(ctx: JobContext, averager: MoshpitAverager, spec: Aver
         "world_size": ctx.world_size,
         "numel": spec.numel,
         "dtype": str(spec.dtype).split(".")[-1],
-        "grid": [averager.grid.side, averager.grid.dims],
         "trials": spec.trials,
         "rounds": spec.rounds,
         "final_errors": errors,
         "round_median_s": ordered[len(ordered) // 2] if ordered else None,
         "round_s": round_s,
-        "bytes_sent": averager.net.counters.bytes_sent,
     }
 
 

@@ -104,13 +104,13 @@ def weighted_mean(copies: Sequence[tuple[float, torch.Tensor]]) -> torch.Tensor 
 
 def blend(x: torch.Tensor, avg: torch.Tensor, alpha: float) -> torch.Tensor:
     """``x + alpha (avg - x)`` as a new tensor (``avg`` itself for ``alpha = 1``)."""
-    if alpha == 1.0:
-        return avg.clone()
-    return x + alpha * (avg - x)
+    out = torch.empty_like(avg)
+    blend_into(out, x, avg, alpha)
+    return out
 
 
 def blend_into(out: torch.Tensor, x: torch.Tensor, avg: torch.Tensor, alpha: float) -> None:
-    """``out <- x + alpha (avg - x)``, the values of :func:`blend` written straight into ``out``."""
+    """``out <- x + alpha (avg - x)`` (``avg``'s values for ``alpha = 1``), without a temporary for ``alpha = 1``."""
     out.copy_(avg if alpha == 1.0 else x + alpha * (avg - x))
 
 
