@@ -233,7 +233,9 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: tuple[UdpObservati
                           baseline.one_way_mean_us)
         assert row.verdict == Verdict.PASSED, f"{link} changed with 0->1: {row.why}"
     after = [s for s in samples[(1, 0)] if s.send_wall > due + PHASE_DEADLINE_S]
-    assert after and max(s.forward_us for s in after) < 30000 / 2  # 1 -> 0, the other direction, kept 2 ms
+    # 1 -> 0, the other direction, kept 2 ms: judged on the median, since a host stall only adds delay
+    # to the packets it catches (one read 22 ms here), while a link that took the 30 ms would delay all
+    assert after and statistics.median(s.forward_us for s in after) < 30000 / 2
     assert min(s.back_us for s in after) > 30000 / 2  # ... while the echoes crossing 0 -> 1 took 30 ms
 
 
