@@ -1,93 +1,91 @@
 """The claims registry: each seed paper's claim as data (``claims.yaml``), and how to evaluate one.
 
-Evaluation runs the two protocols interleaved (fast, slow, fast, slow, ... over seeds) on one lab
-per cluster size, so slow drifts of a shared machine hit both sides alike, and compares medians.
+A claim's ``check:`` names its kind (:mod:`harness.claimkinds`): the kind says which standard keys
+the claim must carry, which of its own keys go under ``params``, and how it is measured. Speed-up
+kinds run the protocols interleaved (a, b, a, b, ... over seeds) on one lab per cluster size, so slow
+drifts of a shared machine hit both sides alike, and compare medians; pure-maths kinds run in-process.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from harness.checks import Target, Verdict, speedup
-from harness.experiment import RunSpec
+from harness.checks import Target, Verdict
+from harness.claimkinds import COMMON, KINDS, RUN_FIELDS, STANDARD, Claim, ClaimError, ClaimKind, Runner
 from harness.report import ClaimResult
-from harness.trace import RunTrace
 
 logger = logging.getLogger(__name__)
 
 CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
-CHECKS = ("speedup", "speedup_grows")
-FIELDS = {"id", "paper", "claim", "paper_figure", "our_setting", "check", "fast", "slow", "profiles", "workers",
-          "seeds", "target", "at_least", "run", "gate"}
-OPTIONAL = {"run", "gate"}
-RUN_FIELDS = {"seconds", "steps", "lr", "task", "batch_size", "config"}
+#: The common keys a claim may omit.
+OPTIONAL = frozenset({"gate"})
 
-#: Runs one spec on a cluster of ``workers`` and returns its trace (the plugin's ``squall_run``, or a Lab).
-Runner = Callable[[RunSpec, int], RunTrace]
+__all__ = ["CLAIMS_FILE", "Claim", "ClaimError", "Runner", "evaluate", "load_claims"]
 
 
-class ClaimError(ValueError):
-    """A claim in the registry is malformed; names the claim, the key and what is allowed."""
+def _kind(raw: Mapping[str, Any], name: str) -> ClaimKind:
+    kind = KINDS.get(str(raw.get("check")))
+    if kind is None:
+        raise ClaimError(f"{name}: check {raw.get('check')!r} is not one of {sorted(KINDS)}")
+    return kind
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One paper's claim and our scaled-down test of it."""
+def _keys(raw: Mapping[str, Any], kind: ClaimKind, name: str) -> None:
+    allowed = COMMON | kind.requires | kind.accepts
+    unknown = sorted(set(raw) - allowed)
+    missing = sorted((COMMON - OPTIONAL | kind.requires) - set(raw))
+    if unknown or missing:
+        raise ClaimError(f"{name}: unknown keys {unknown}, missing keys {missing}; a {kind.name!r} claim takes "
+                         f"{sorted(allowed)} (required: {sorted(COMMON - OPTIONAL | kind.requires)})")
+    params = raw.get("params") or {}
+    if not isinstance(params, dict):
+        raise ClaimError(f"{name}: params must be a mapping, got {params!r}")
+    bad, absent = sorted(set(params) - kind.params), sorted(kind.required_params - set(params))
+    if bad or absent:
+        raise ClaimError(f"{name}: params has unknown keys {bad}, missing keys {absent}; "
+                         f"a {kind.name!r} claim's params: {sorted(kind.params)}")
+    run = raw.get("run") or {}
+    if not isinstance(run, dict) or set(run) - RUN_FIELDS:
+        extra = sorted(set(run) - RUN_FIELDS) if isinstance(run, dict) else run
+        raise ClaimError(f"{name}: run has unknown keys {extra}; allowed: {sorted(RUN_FIELDS)}")
 
-    id: str  # registry id
-    paper: str  # short citation
-    claim: str  # the claim in words
-    paper_figure: str  # the paper's number and setting
-    our_setting: str  # our scaled-down setting, in words
-    check: str  # "speedup" or "speedup_grows"
-    fast: str  # protocol expected to be faster
-    slow: str  # protocol it is compared with
-    profiles: tuple[str, ...]  # one profile (speedup) or the ordered list (speedup_grows)
-    workers: int  # cluster size
-    seeds: tuple[int, ...]  # seeds, medians over them
-    target: Target  # what "reached the target" means
-    at_least: float  # threshold on the speed-up (speedup) or on its growth ratio (speedup_grows)
-    run: Mapping[str, Any] = field(default_factory=dict)  # RunSpec fields: seconds, lr, config...
-    gate: bool = True  # whether CI fails when the claim does not hold (false: reported only)
 
-    def spec(self, protocol: str, profile: str, seed: int) -> RunSpec:
-        """The run of ``protocol`` for one seed on one profile."""
-        target = {self.target.metric: self.target.value}
-        return RunSpec(protocol=protocol, profile=profile, seed=seed, target=target, **dict(self.run))
+def _optional_float(raw: Mapping[str, Any], key: str) -> float | None:
+    return None if raw.get(key) is None else float(raw[key])
 
 
 def _claim(raw: Any, where: str) -> Claim:
     if not isinstance(raw, dict):
-        raise ClaimError(f"{where}: a claim must be a mapping with keys {sorted(FIELDS)}")
+        raise ClaimError(f"{where}: a claim must be a mapping with keys {sorted(COMMON | STANDARD)}")
     name = f"{where} ({raw.get('id', '?')})"
-    unknown, missing = sorted(set(raw) - FIELDS), sorted(FIELDS - OPTIONAL - set(raw))
-    if unknown or missing:
-        raise ClaimError(f"{name}: unknown keys {unknown}, missing keys {missing}; allowed: {sorted(FIELDS)}")
-    if raw["check"] not in CHECKS:
-        raise ClaimError(f"{name}: check {raw['check']!r} is not one of {list(CHECKS)}")
-    run = dict(raw.get("run") or {})
-    if set(run) - RUN_FIELDS:
-        raise ClaimError(f"{name}: run has unknown keys {sorted(set(run) - RUN_FIELDS)}; allowed: {sorted(RUN_FIELDS)}")
-    profiles = tuple(raw["profiles"])
-    if (raw["check"] == "speedup") != (len(profiles) == 1) or not profiles:
-        raise ClaimError(f"{name}: profiles: 'speedup' takes one profile, 'speedup_grows' two or more")
-    target = raw["target"]
+    kind = _kind(raw, name)
+    _keys(raw, kind, name)
+    target = raw.get("target")
     try:
-        return Claim(id=str(raw["id"]), paper=str(raw["paper"]), claim=str(raw["claim"]),
-                     paper_figure=str(raw["paper_figure"]), our_setting=str(raw["our_setting"]),
-                     check=raw["check"], fast=str(raw["fast"]), slow=str(raw["slow"]), profiles=profiles,
-                     workers=int(raw["workers"]), seeds=tuple(int(s) for s in raw["seeds"]),
-                     target=Target(str(target["metric"]), float(target["value"])), at_least=float(raw["at_least"]),
-                     run=run, gate=bool(raw.get("gate", True)))
+        claim = Claim(
+            id=str(raw["id"]), paper=str(raw["paper"]), claim=str(raw["claim"]),
+            paper_figure=str(raw["paper_figure"]), our_setting=str(raw["our_setting"]), check=kind.name,
+            fast=str(raw.get("fast") or ""), slow=str(raw.get("slow") or ""),
+            protocols=tuple(str(p) for p in raw.get("protocols") or ()),
+            profiles=tuple(str(p) for p in raw.get("profiles") or ()), workers=int(raw.get("workers") or 0),
+            seeds=tuple(int(s) for s in raw.get("seeds") or ()),
+            target=None if target is None else Target(str(target["metric"]), float(target["value"])),
+            at_least=_optional_float(raw, "at_least"), at_most=_optional_float(raw, "at_most"),
+            run=dict(raw.get("run") or {}), params=dict(raw.get("params") or {}), gate=bool(raw.get("gate", True)))
+        if "workers" in raw and claim.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {raw['workers']!r}")
+        if "seeds" in raw and not claim.seeds:
+            raise ValueError("seeds must list at least one seed")
+        if kind.validate is not None:
+            kind.validate(claim)
     except (KeyError, TypeError, ValueError) as exc:
         raise ClaimError(f"{name}: {exc}") from exc
+    return claim
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
@@ -102,36 +100,15 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
     return claims
 
 
-def measure_speedup(claim: Claim, profile: str, run: Runner) -> Verdict:
-    """Run fast and slow interleaved over the seeds on ``profile``; the speed-up verdict."""
-    fast: list[RunTrace] = []
-    slow: list[RunTrace] = []
-    for seed in claim.seeds:
-        fast.append(run(claim.spec(claim.fast, profile, seed), claim.workers))
-        slow.append(run(claim.spec(claim.slow, profile, seed), claim.workers))
-    at_least = claim.at_least if claim.check == "speedup" else 0.0
-    return speedup(fast, slow, claim.target, at_least=at_least)
-
-
 def evaluate(claim: Claim, run: Runner) -> ClaimResult:
-    """Measure ``claim`` and return it next to the paper's figure."""
-    if claim.check == "speedup":
-        verdict = measure_speedup(claim, claim.profiles[0], run)
-    else:
-        verdict = _grows(claim, [measure_speedup(claim, p, run) for p in claim.profiles])
+    """Measure ``claim`` with its kind and return it next to the paper's figure.
+
+    A kind that crashes gives an ``unknown`` verdict naming the exception (never a pass).
+    """
+    kind = KINDS[claim.check]
+    try:
+        verdict = kind.evaluate(claim, run)
+    except Exception as exc:
+        logger.exception("claim %s crashed", claim.id)
+        verdict = Verdict(claim.check, None, None, "a decision", f"the claim crashed: {type(exc).__name__}: {exc}")
     return ClaimResult(claim.id, claim.paper, claim.claim, claim.paper_figure, claim.our_setting, verdict)
-
-
-def _grows(claim: Claim, steps: Sequence[Verdict]) -> Verdict:
-    expected = f"speed-up increases along {list(claim.profiles)} (each step x{claim.at_least:g} or more)"
-    figures = [v.measured for v in steps]
-    failed = [f"{p}: {v.why}" for p, v in zip(claim.profiles, steps, strict=True) if v.passed is False]
-    if failed:
-        return Verdict("speedup_grows", False, figures, expected, "; ".join(failed))
-    if any(not isinstance(f, int | float) for f in figures):
-        return Verdict("speedup_grows", None, figures, expected,
-                       "a speed-up could not be measured: " + "; ".join(v.why for v in steps))
-    ratios = [b / a for a, b in itertools.pairwise(figures)]
-    passed = all(r > claim.at_least for r in ratios)
-    why = ", ".join(f"{p}: {f:.2f}x" for p, f in zip(claim.profiles, figures, strict=True))
-    return Verdict("speedup_grows", passed, round(figures[-1] / figures[0], 3), expected, why)

@@ -29,6 +29,7 @@ class StepRecord:
     projection: tuple[float, ...] = ()  # fixed random projection of the parameters (same matrix everywhere)
     param_hash: str = ""  # hash of the parameter bytes
     norm: float | None = None  # parameter norm
+    extra: Mapping[str, float] = field(default_factory=dict)  # every other numeric field (step_s, drop_rate...)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ def _num(value: Any) -> float | None:
 RECORD_FIELDS = ("step", "wall", "loss", "eval_loss", "accuracy", "bytes_sent", "projection", "param_hash", "norm")
 
 
+#: Fields that are not a step's extra figures: the named ones and the job writer's clock.
+_NOT_EXTRA = frozenset({*RECORD_FIELDS, "t", "rank", "event"})
+
+
 def _step(rec: Mapping[str, Any]) -> int | None:
     step = rec.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
@@ -95,12 +100,13 @@ def step_records(worker: int, records: Iterable[Mapping[str, Any]], start_wall: 
         if step is None or wall is None:
             continue
         proj = rec.get("projection")
+        extra = {k: n for k, v in rec.items() if k not in _NOT_EXTRA and (n := _num(v)) is not None}
         out.append(StepRecord(
             worker=worker, step=step, t=wall - start_wall, loss=_num(rec.get("loss")),
             eval_loss=_num(rec.get("eval_loss")), accuracy=_num(rec.get("accuracy")),
             bytes_sent=int(rec.get("bytes_sent") or 0),
             projection=tuple(float(v) for v in proj) if isinstance(proj, list) else (),
-            param_hash=str(rec.get("param_hash") or ""), norm=_num(rec.get("norm")),
+            param_hash=str(rec.get("param_hash") or ""), norm=_num(rec.get("norm")), extra=extra,
         ))
     return out
 
@@ -156,15 +162,16 @@ def trace_to_json(trace: RunTrace) -> dict[str, Any]:
         "backend": trace.backend, "survivors": list(trace.survivors), "meta": dict(trace.meta),
         "churn": [[c.t, c.kind, list(c.nodes)] for c in trace.churn],
         "records": [[r.worker, r.step, r.t, r.loss, r.eval_loss, r.accuracy, r.bytes_sent, list(r.projection),
-                     r.param_hash, r.norm] for r in trace.records],
+                     r.param_hash, r.norm, dict(r.extra)] for r in trace.records],
     }
 
 
 def trace_from_json(obj: Mapping[str, Any]) -> RunTrace:
     """A trace from :func:`trace_to_json` output."""
     records = tuple(StepRecord(worker=int(w), step=int(s), t=float(t), loss=loss, eval_loss=ev, accuracy=acc,
-                               bytes_sent=int(b), projection=tuple(proj), param_hash=str(h), norm=norm)
-                    for w, s, t, loss, ev, acc, b, proj, h, norm in obj["records"])
+                               bytes_sent=int(b), projection=tuple(proj), param_hash=str(h), norm=norm,
+                               extra=dict(rest[0]) if rest else {})
+                    for w, s, t, loss, ev, acc, b, proj, h, norm, *rest in obj["records"])
     churn = tuple(ChurnMark(float(t), str(k), tuple(n)) for t, k, n in obj.get("churn", []))
     return RunTrace(protocol=obj["protocol"], profile=obj["profile"], workers=int(obj["workers"]),
                     seed=int(obj["seed"]), backend=obj["backend"], records=records, churn=churn,

@@ -55,7 +55,7 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "report": (frozenset({"harness.report"}), frozenset({"checks", "trace"})),
     "experiment": (frozenset({"harness.experiment"}),
                    frozenset({"profiles", "shaping", "cluster", "trace", "timeline", "protocol entry"})),
-    "claims": (frozenset({"harness.claims", "harness.runner"}),
+    "claims": (frozenset({"harness.claims", "harness.claimkinds", "harness.runner"}),
                frozenset({"checks", "trace", "report", "matrix", "experiment"})),
     "front": (frozenset({"harness.cli", "harness.cli_calibrate", "harness.cli_profiles", "harness.cli_protocols",
                          "harness.cli_run", "harness.demo", "harness.pytest_plugin"}),
