@@ -30,16 +30,21 @@ from typing import Any
 
 from docker.errors import DockerException, ImageNotFound
 
+from harness import assets
 from harness.cluster.errors import ImageError
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTAINERS_DIR = REPO_ROOT / "containers"
+#: The host folder mounted read-only at /squall/src: the checkout, or a staged copy of the installed
+#: ``protocols`` package (harness/assets.py says why).
+REPO_ROOT = assets.code_root()
+#: The recipe: package data of an installed Squall, the checkout's ``containers/`` otherwise.
+CONTAINERS_DIR = assets.containers_dir()
 DOCKERFILE = CONTAINERS_DIR / "worker.Dockerfile"
 REQUIREMENTS = CONTAINERS_DIR / "requirements.txt"
 DEBOOTSTRAP_SCRIPT = CONTAINERS_DIR / "base" / "debootstrap.sh"
-WHEELHOUSE = CONTAINERS_DIR / ".wheelhouse"
+#: Wheels downloaded on the host for the image: a writable folder (never inside package data).
+WHEELHOUSE = assets.wheelhouse()
 
 SLIM_BASE = "python:3.11-slim"
 BOOTSTRAP_SUITE = "bookworm"  # its python3 is 3.11, matching the cp311 torch wheel
@@ -75,16 +80,32 @@ def _digest(parts: Iterable[str | bytes]) -> str:
     return h.hexdigest()[:12]
 
 
+def _read_recipe(path: Path) -> bytes:
+    """A recipe file's bytes; a missing one is an ImageError (exit code 3) naming where Squall looked."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        try:
+            relative = f"containers/{path.relative_to(CONTAINERS_DIR).as_posix()}"
+        except ValueError:  # a recipe file given from elsewhere (tests)
+            raise ImageError(f"the worker image recipe file {path} is missing") from None
+        try:
+            assets.missing(relative)
+        except assets.AssetError as exc:
+            raise ImageError(str(exc)) from None
+        raise  # pragma: no cover - missing() always raises
+
+
 def bootstrap_tag() -> str:
     """Tag of the debootstrap base: a hash of the script, the suite and the package list."""
     return f"{BASE_REPO}:" + _digest(
-        [DEBOOTSTRAP_SCRIPT.read_bytes(), BOOTSTRAP_SUITE, " ".join(BOOTSTRAP_PACKAGES)]
+        [_read_recipe(DEBOOTSTRAP_SCRIPT), BOOTSTRAP_SUITE, " ".join(BOOTSTRAP_PACKAGES)]
     )
 
 
 def worker_tag(base_identity: str) -> str:
     """Tag of the worker image: a hash of the Dockerfile, the requirements and the base."""
-    return f"{WORKER_REPO}:" + _digest([DOCKERFILE.read_bytes(), REQUIREMENTS.read_bytes(), base_identity])
+    return f"{WORKER_REPO}:" + _digest([_read_recipe(DOCKERFILE), _read_recipe(REQUIREMENTS), base_identity])
 
 
 def parse_apt_sources(texts: Iterable[tuple[str, str]]) -> list[AptSource]:

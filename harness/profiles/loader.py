@@ -2,8 +2,9 @@
 
 A bare name (``wan-5ms``) is looked up as ``NAME.yaml`` (or ``.yml``) in the directories of
 ``SQUALL_PROFILE_PATH`` (``os.pathsep``-separated, searched first, so they can shadow shipped
-profiles) and then in the repository's ``netem_profiles/``. Anything with a path separator or a
-YAML suffix is read as a path.
+profiles) and then in the shipped ``netem_profiles/`` (package data of an installed Squall, the
+checkout's folder otherwise: :mod:`harness.assets`). Anything with a path separator or a YAML
+suffix is read as a path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from harness.assets import profiles_dir
 from harness.profiles.churn import ChurnPlan, parse_churn
 from harness.profiles.devices import DeviceModel, parse_devices
 from harness.profiles.errors import ROOT_KEY, Origin, ProfileError, Section, expect_list
@@ -26,7 +28,7 @@ from harness.profiles.units import parse_duration_us, parse_int
 
 logger = logging.getLogger(__name__)
 
-PROFILE_DIR: Final = Path(__file__).resolve().parents[2] / "netem_profiles"
+PROFILE_DIR: Final = profiles_dir()
 PATH_ENV: Final = "SQUALL_PROFILE_PATH"
 TOP_KEYS: Final = ("name", "description", "min_workers", "regions", "links", "phases", "churn", "devices")
 _NAME: Final = re.compile(r"^[a-z0-9][a-z0-9._-]*$")

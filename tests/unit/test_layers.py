@@ -44,6 +44,7 @@ PROTOCOL_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 
 #: harness/: the same, bottom to top.
 HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "assets": (frozenset({"harness.assets"}), frozenset()),  # where shipped files are; every layer may ask
     "profiles": (frozenset({"harness.profiles"}), frozenset()),
     "shaping": (frozenset({"harness.shaping"}), frozenset({"profiles"})),
     "cluster": (frozenset({"harness.cluster"}), frozenset({"profiles", "shaping"})),
@@ -106,6 +107,8 @@ def layer_table(side: str) -> tuple[dict[str, str], dict[str, frozenset[str]]]:
     # A layer may import itself, except protocol folders: each stands alone (see the test below).
     allowed = {name: allowed | ({name} if name != "protocol folders" else set())
                for name, (_, allowed) in layers.items()}
+    if side == "harness":  # the asset locator (stdlib only) sits under every layer
+        allowed = {name: allowed[name] | {"assets"} for name in allowed}
     return placed, allowed
 
 
