@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.assets import AssetError
 from harness.profiles import (
     Chance,
     LinkSpec,
@@ -19,6 +21,7 @@ from harness.profiles import (
     ProfileError,
     list_profiles,
     load_profile,
+    profile_dirs,
 )
 from harness.profiles.units import (
     UnitError,
@@ -32,6 +35,8 @@ DEFAULT_WORKERS = 4  # `show` without --workers
 VALIDATE_WORKERS = (2, 4, 8, 16)  # `validate` without --workers (those the profile supports)
 DEFAULT_DURATION_S = 600.0  # `show` expands random churn over this long
 EXIT_USAGE = 2  # an invalid profile is bad input (README: exit codes)
+EXIT_ENVIRONMENT = 3  # no profile at all: the installation is incomplete (README: exit codes)
+EXIT_BROKEN_PIPE = 128 + 13  # the reader went away (`squall profiles list | head`), as SIGPIPE reports it
 
 
 def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +78,11 @@ def _duration(text: str) -> float:
 def cmd_list(args: argparse.Namespace) -> int:
     """``profiles list``."""
     infos = list_profiles()
+    if not infos:  # Squall ships profiles: none found means a broken install, never "nothing to list"
+        looked = ", ".join(str(d) for d in profile_dirs())
+        sys.stderr.write(f"error: no network profiles found (looked in {looked}); Squall's shipped profiles are "
+                         "missing: reinstall it (pip install --force-reinstall squall) or run from a checkout\n")
+        return EXIT_ENVIRONMENT
     if args.json:
         rows = [{"name": i.name, "path": str(i.path), "description": i.description} for i in infos]
         print(json.dumps(rows, indent=2))
@@ -269,7 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     add_subparser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", stream=sys.stderr)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except AssetError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_ENVIRONMENT
+    except BrokenPipeError:
+        # Python's documented recipe: point stdout at devnull so the flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 
