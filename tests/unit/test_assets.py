@@ -132,7 +132,7 @@ def test_nothing_installed_is_a_missing_layout(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(assets, "package_dir", lambda: tmp_path / "harness")
     assert assets.layout() == "missing"
     assert assets.profiles_dir() == tmp_path / "harness" / assets.PACKAGED_DIR / "netem_profiles"
-    with pytest.raises(assets.AssetError, match="claims.yaml' is missing"):
+    with pytest.raises(assets.AssetError, match=r"claims\.yaml' is missing"):
         assets.require("claims.yaml")
 
 
