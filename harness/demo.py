@@ -13,6 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from harness.assets import matrices_dir
 from harness.matrix import load_matrix_file
 from harness.report import CellResult, write_report
 from harness.runner import run_matrix, stderr_progress, target_of
@@ -20,7 +21,7 @@ from protocols.catalog import PROTOCOLS
 
 logger = logging.getLogger(__name__)
 
-DEMO_MATRIX = Path(__file__).resolve().parents[1] / "matrices" / "demo.yaml"
+DEMO_MATRIX = matrices_dir() / "demo.yaml"  # shipped: package data, or the checkout's matrices/
 
 
 def _row(cell: CellResult, target_metric: str) -> dict[str, object]:
