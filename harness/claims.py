@@ -36,12 +36,12 @@ def _kind(raw: Mapping[str, Any], name: str) -> ClaimKind:
 
 
 def _keys(raw: Mapping[str, Any], kind: ClaimKind, name: str) -> None:
-    allowed = COMMON | kind.requires | kind.accepts
-    unknown = sorted(set(raw) - allowed)
-    missing = sorted((COMMON - OPTIONAL | kind.requires) - set(raw))
+    required = COMMON - OPTIONAL | kind.requires | ({"params"} if kind.required_params else set())
+    allowed = required | COMMON | kind.accepts | ({"params"} if kind.params else set())
+    unknown, missing = sorted(set(raw) - allowed), sorted(required - set(raw))
     if unknown or missing:
         raise ClaimError(f"{name}: unknown keys {unknown}, missing keys {missing}; a {kind.name!r} claim takes "
-                         f"{sorted(allowed)} (required: {sorted(COMMON - OPTIONAL | kind.requires)})")
+                         f"{sorted(allowed)} (required: {sorted(required)})")
     params = raw.get("params") or {}
     if not isinstance(params, dict):
         raise ClaimError(f"{name}: params must be a mapping, got {params!r}")

@@ -105,6 +105,8 @@ class DropComputeTrainer:
         self.completed_total: list[int] = []
         self.step_times: list[float] = []
         self.tau_in_force: list[float | None] = []
+        self.microbatch_s: list[float | None] = []  # mean time of the step's completed micro-batches
+        self.microbatch_median_s: float | None = None  # of every rank's micro-batches the choice was made from
         self.consumed = 0  # micro-batches taken from the data stream (computed or dropped)
         self._samples: list[list[float]] = []  # per step before the automatic choice: M times + comm_s
 
@@ -112,13 +114,15 @@ class DropComputeTrainer:
     def stats(self) -> dict[str, Any]:
         """This step's protocol fields: drop rate, completed micro-batches (here, everywhere), tau in force."""
         if not self.completed:
-            return {"drop_rate": None, "completed": None, "completed_total": None, "tau_s": None}
+            return {"drop_rate": None, "completed": None, "completed_total": None, "tau_s": None,
+                    "microbatch_s": None}
         m = self.options.micro_batches
         return {
             "drop_rate": round(1 - self.completed[-1] / m, 6),
             "completed": self.completed[-1],
             "completed_total": self.completed_total[-1],
             "tau_s": self.tau_in_force[-1],
+            "microbatch_s": self.microbatch_s[-1],
         }
 
     def summary(self) -> dict[str, Any]:
@@ -144,6 +148,7 @@ class DropComputeTrainer:
         est = self.chosen
         out.update({
             "threshold_chosen_at": self.chosen_at,
+            "microbatch_s_median": self.microbatch_median_s,
             "predicted_step_speedup": None if est is None else round(est.step_ratio, 4),
             "predicted_drop_rate": None if est is None else round(est.drop_rate, 4),
             "effective_speedup_est": None if est is None else round(est.effective_ratio, 4),
@@ -250,6 +255,7 @@ class DropComputeTrainer:
         self.completed.append(acc.done)
         self.completed_total.append(total)
         self.tau_in_force.append(self.tau_s if stop is not None else None)
+        self.microbatch_s.append(round(statistics.fmean(acc.times_s), 6) if acc.times_s else None)
         if self.options.auto and self.chosen is None:
             self._samples.append([*acc.times_s, comm])
             if k + 1 == self.options.threshold_step:
@@ -275,6 +281,7 @@ class DropComputeTrainer:
         # also waited for it there): the least over workers, its median over steps.
         comm_s = float(np.median(np.min(gathered[:, :, m], axis=0)))
         self.chosen = best_threshold(times, comm_s=comm_s, count=self.options.candidates)
+        self.microbatch_median_s = round(float(np.median(times)), 6)
         self.chosen_at, self.tau_s = k + 1, self.chosen.tau_s
         self._samples.clear()
         logger.info("rank %d: compute threshold %.4f s after step %d (predicted: steps %.2fx, drop %.1f %%, "
