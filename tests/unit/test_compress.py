@@ -83,7 +83,7 @@ def test_the_lattice_needs_a_reference_and_detects_one_too_far() -> None:
 
 
 def test_every_compressor_is_registered_under_its_wire_id_with_consistent_guarantees() -> None:
-    assert set(COMPRESSORS) == set(SCHEMAS) == {"dense", "lattice"}
+    assert set(COMPRESSORS) == set(SCHEMAS) >= {"dense", "lattice"}
     for name, cls in COMPRESSORS.items():
         assert cls.name == name == cls.schema.compressor
     with pytest.raises(ValueError, match="delta"):

@@ -85,7 +85,7 @@ def test_every_truncation_and_any_trailing_byte_is_rejected(data: bytes) -> None
         (FIXED.pack(33, 0, 0, bytes(5), 0) + b"a" * 33, "claims id of 33 bytes"),
         (FIXED.pack(5, 17, 0, bytes(5), 0) + b"dense", "17 params"),
         (FIXED.pack(5, 0, 1, bytes(5), 1 << 40) + b"dense", "exceeds the limit"),
-        (pack_fields("topk", 1, [], []), "unknown compressor id 'topk'"),
+        (pack_fields("nosuch", 1, [], []), "unknown compressor id 'nosuch'"),
         (pack_fields("DENSE", 0, [], [np.zeros(0, np.float32)]), "unknown compressor id 'DENSE'"),
         (FIXED.pack(5, 0, 1, bytes(5), 0) + b"d\xffnse" + struct.pack("<BQ", 2, 0), "unknown compressor id"),
         (pack_fields("dense", 1, [], []), "0 arrays, the schema has 1"),
