@@ -20,7 +20,8 @@ def test_shipped_claims_load_and_name_known_protocols_and_profiles() -> None:
     assert {c.id for c in claims} >= {"sesgd-butterfly-vs-ring", "sesgd-speedup-grows-with-latency"}
     for c in claims:
         if c.names and c.profiles:  # a pure-maths claim runs no protocol on no profile
-            build_matrix({"protocols": list(c.names), "profiles": list(c.profiles), "workers": [c.workers]},
+            sizes = [c.workers] if c.workers else list(c.params.get("workers", []))
+            build_matrix({"protocols": list(c.names), "profiles": list(c.profiles), "workers": sizes},
                          source=c.id, known_protocols=PROTOCOLS)
 
 

@@ -1,0 +1,87 @@
+"""``loss_per_sample`` (Non-blocking SGD, T5.1): the same loss for the same samples, and no sample lost.
+
+Non-blocking SGD's speed comes from not waiting, not from better updates: at equal samples trained
+on, its training loss must stay within ``params.max_rel`` of the blocking baseline's, and every
+epoch of every worker must hold the same number of samples (none lost when a batch is cut short,
+none counted twice when it is resumed).
+
+Samples of a record: ``fast``'s cumulative count ``extra[params.samples_field]``; ``slow`` trains one
+full batch per step, so ``step x batch_size``. The loss compared at a sample count is the mean over
+workers and over the records within +-``params.window`` (relative) of it, at ``params.points``
+fractions of the sample range both runs covered. Epoch sizes come from ``fast``'s end summaries
+(``params.epochs_field``, a list per worker).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from harness.checks import Verdict
+from harness.claimkinds._figures import summary_values
+from harness.claimkinds.base import Claim, ClaimKind, Runner, interleaved
+from harness.trace import RunTrace
+
+DEFAULTS: dict[str, Any] = {"max_rel": 0.05, "window": 0.1, "points": [0.25, 0.5, 0.75, 1.0]}
+
+
+def loss_by_samples(trace: RunTrace, samples_of: Any) -> list[tuple[float, float]]:
+    """``(samples, training loss)`` of every surviving worker's step records, by samples."""
+    alive = set(trace.alive)
+    rows = [(float(samples_of(r)), r.loss) for r in trace.records
+            if r.worker in alive and r.step >= 1 and r.loss is not None]
+    return sorted((s, loss) for s, loss in rows if s > 0)
+
+
+def loss_at(rows: list[tuple[float, float]], samples: float, window: float) -> float | None:
+    """Mean loss of the rows within ``samples`` x (1 +- window)."""
+    near = [loss for s, loss in rows if abs(s - samples) <= window * samples]
+    return statistics.fmean(near) if near else None
+
+
+def lost_samples(trace: RunTrace, field: str) -> str | None:
+    """Why the epoch accounting is wrong, or None when every finished epoch of every worker is the same size."""
+    sizes = [list(v) for v in summary_values(trace, field) if isinstance(v, list)]
+    if len(sizes) < len(trace.alive):
+        return f"{len(sizes)} of {len(trace.alive)} workers reported {field!r}"
+    uneven = {tuple(sorted(set(s))) for s in sizes if len(set(s)) > 1}
+    if uneven:
+        return f"epochs of unequal size {sorted(uneven)}: samples lost or counted twice"
+    return None
+
+
+def compare(claim: Claim, run: Runner) -> Verdict:
+    """See the module docstring."""
+    p = {**DEFAULTS, **claim.params}
+    expected = f"training loss at equal samples within {100 * p['max_rel']:g} % of {claim.slow}'s; equal epochs"
+    traces = interleaved(claim, claim.profiles[0], run, (claim.fast, claim.slow))
+    worst: list[float] = []
+    for fast, slow in zip(traces[claim.fast], traces[claim.slow], strict=True):
+        problem = lost_samples(fast, str(p["epochs_field"])) if "epochs_field" in p else None
+        if problem is not None:
+            return Verdict(claim.check, False, None, expected, f"seed {fast.seed}: {problem}")
+        batch = claim.spec(claim.slow, claim.profiles[0], slow.seed).batch_size
+        a = loss_by_samples(fast, lambda r: r.extra.get(str(p["samples_field"]), 0.0))
+        b = loss_by_samples(slow, lambda r: r.step * batch)
+        if not a or not b:
+            return Verdict(claim.check, None, None, expected,
+                           f"seed {fast.seed}: no training loss against samples ({len(a)}/{len(b)} records; "
+                           f"does {claim.fast} record {p['samples_field']!r}?)")
+        top = min(a[-1][0], b[-1][0])
+        gaps = []
+        for fraction in p["points"]:
+            la, lb = loss_at(a, fraction * top, p["window"]), loss_at(b, fraction * top, p["window"])
+            if la is not None and lb is not None and lb > 0:
+                gaps.append(abs(la / lb - 1))
+        if not gaps:
+            return Verdict(claim.check, None, None, expected, f"seed {fast.seed}: no sample count both runs logged")
+        worst.append(max(gaps))
+    figure = statistics.median(worst)
+    why = (f"largest relative loss gap at equal samples, median over {len(worst)} seeds: {100 * figure:.1f} % "
+           f"(per seed: {', '.join(f'{100 * w:.1f} %' for w in worst)})")
+    return Verdict(claim.check, figure <= p["max_rel"], round(figure, 4), expected, why)
+
+
+KIND = ClaimKind("loss_per_sample", frozenset({"fast", "slow", "profiles", "workers", "seeds", "run"}), compare,
+                 params=frozenset({"samples_field", "epochs_field", "max_rel", "window", "points"}),
+                 required_params=frozenset({"samples_field"}))
