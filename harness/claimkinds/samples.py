@@ -60,9 +60,9 @@ def compare(claim: Claim, run: Runner) -> Verdict:
         problem = lost_samples(fast, str(p["epochs_field"])) if "epochs_field" in p else None
         if problem is not None:
             return Verdict(claim.check, False, None, expected, f"seed {fast.seed}: {problem}")
-        batch = claim.spec(claim.slow, claim.profiles[0], slow.seed).batch_size
-        a = loss_by_samples(fast, lambda r: r.extra.get(str(p["samples_field"]), 0.0))
-        b = loss_by_samples(slow, lambda r: r.step * batch)
+        batch, field = claim.spec(claim.slow, claim.profiles[0], slow.seed).batch_size, str(p["samples_field"])
+        a = loss_by_samples(fast, lambda r, f=field: r.extra.get(f, 0.0))
+        b = loss_by_samples(slow, lambda r, n=batch: r.step * n)
         if not a or not b:
             return Verdict(claim.check, None, None, expected,
                            f"seed {fast.seed}: no training loss against samples ({len(a)}/{len(b)} records; "

@@ -139,16 +139,16 @@ def test_a_kind_that_crashes_is_unknown_not_passed(tmp_path: Path) -> None:
 
 def test_loss_per_sample_compares_at_equal_samples_and_checks_epochs(tmp_path: Path) -> None:
     from protocols.dpsgd.protocol import DPSGD as BLOCKING
-    from protocols.nonblocking.protocol import DPSGD as fast_name
+    from protocols.nonblocking.protocol import DPSGD as NONBLOCKING
 
-    claim = _load(tmp_path, check="loss_per_sample", fast=fast_name, slow=BLOCKING, profiles=["lan"], workers=2,
+    claim = _load(tmp_path, check="loss_per_sample", fast=NONBLOCKING, slow=BLOCKING, profiles=["lan"], workers=2,
                   seeds=[0], run={"steps": 40, "batch_size": 32},
                   params={"samples_field": "nb_samples", "epochs_field": "nb_epoch_sizes"})
 
     def run_with(scale: float, epochs: list[int]) -> Any:
         def run(spec: RunSpec, workers: int) -> RunTrace:
-            per = 16 if spec.protocol == fast_name else 32  # non-blocking: half the samples per step
-            recs = tuple(StepRecord(w, k, 0.1 * k, loss=(scale if spec.protocol == fast_name else 1.0) / (k * per),
+            per = 16 if spec.protocol == NONBLOCKING else 32  # non-blocking: half the samples per step
+            recs = tuple(StepRecord(w, k, 0.1 * k, loss=(scale if spec.protocol == NONBLOCKING else 1.0) / (k * per),
                                     extra={"nb_samples": k * per}) for k in range(1, 41) for w in range(workers))
             meta = {"summaries": [{"nb_epoch_sizes": epochs} for _ in range(workers)]}
             return RunTrace(spec.protocol, spec.profile, workers, spec.seed, "nfqueue", recs, meta=meta)
