@@ -218,13 +218,24 @@ def _summary_rows(results: Results) -> list[list[str]]:
     return rows
 
 
+def figure(value: Any) -> str:
+    """A measured figure in words: numbers as they are, mappings as ``key value`` pairs, lists comma-separated."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {figure(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(figure(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
 def _claim_rows(results: Results) -> list[list[str]]:
-    return [[c.claim_id, c.paper, c.claim, c.paper_figure, c.our_setting, str(c.verdict.measured),
-             c.verdict.expected, STATE[c.verdict.passed]] for c in results.claims]
+    return [[c.claim_id, c.paper, c.claim, c.paper_figure, c.our_setting, figure(c.verdict.measured),
+             c.verdict.expected, STATE[c.verdict.passed], c.verdict.why] for c in results.claims]
 
 
 SUMMARY_HEAD = ["cell", "backend", "verdict", "duration s", "final loss", "checks"]
-CLAIM_HEAD = ["claim", "paper", "what", "paper's figure", "our setting", "measured", "threshold", "verdict"]
+CLAIM_HEAD = ["claim", "paper", "what", "paper's figure", "our setting", "measured", "threshold", "verdict", "why"]
 CAL_HEAD = ["link", "quantity", "configured", "measured", "tolerance", "verdict"]
 
 

@@ -57,3 +57,11 @@ def test_report_pages_and_round_trip(tmp_path: Path) -> None:
 def test_an_empty_report_still_renders(tmp_path: Path) -> None:
     _, page = write_report(Results(title="empty"), tmp_path)
     assert "<h1>empty</h1>" in page.read_text()
+
+
+def test_a_claims_figures_show_in_words_with_the_reason() -> None:
+    verdict = Verdict("straggler_robustness", False, {"step_speedup": 1.23456, "curve": [1.0, 2.5]}, ">= 1.6x",
+                      "step speed-up short: 1.23x")
+    page = markdown(Results(title="t", cells=(), claims=(ClaimResult("c", "p", "w", "f", "s", verdict),)))
+    assert "step_speedup: 1.235, curve: [1, 2.5]" in page and "step speed-up short: 1.23x" in page
+    assert "{'" not in page  # no Python repr
