@@ -22,8 +22,11 @@ failed and unknown both fail the test; figures go to the JUnit XML and the repor
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Callable, Iterator
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +79,75 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if problem:
             raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.squall({key}={value!r:.80}): "
                                     f"{problem}")
-    matrix = session.matrix(kwargs, where=metafunc.definition.nodeid)
+    matrix = session.matrix(kwargs, where=metafunc.definition.nodeid, test_dir=Path(metafunc.definition.path).parent)
+    for protocol in matrix.protocols:
+        session.check_entry_point(protocol, where=metafunc.definition.nodeid)
     metafunc.parametrize("squall_cell", matrix.cells(), ids=matrix.ids())
+
+
+def _looks_like_path(profile: str) -> bool:
+    """The profile loader's rule: a separator or a YAML suffix makes a path, anything else a name."""
+    return "/" in profile or os.sep in profile or profile.endswith((".yaml", ".yml"))
+
+
+def resolve_profile_path(profile: str, bases: Sequence[Path], *, where: str) -> str:
+    """A relative profile path, resolved against ``bases`` in order (the test file's folder, then the rootdir).
+
+    Names and absolute paths come back unchanged. :raises pytest.UsageError: no base has the file;
+    the message lists every place looked in.
+    """
+    if not _looks_like_path(profile) or Path(profile).is_absolute():
+        return profile
+    candidates = list(dict.fromkeys(base / profile for base in bases))
+    for candidate in candidates:
+        if candidate.is_file():
+            return str(candidate)
+    looked = ", ".join(str(c) for c in candidates)
+    raise pytest.UsageError(f"{where}: profile file {profile!r} not found; looked in {looked} (a relative path "
+                            "is resolved against the test file's folder, then the rootdir)")
+
+
+def entry_point_problem(protocol: str) -> str:
+    """Why a ``package.module:function`` protocol cannot run, checked on the host; '' if it can.
+
+    Squall imports the module here at collection (and mounts the folder of its top-level package into
+    the containers), so a typo or a package that is not importable is found before a cluster starts.
+    """
+    module_name, _, function = protocol.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        top = module_name.split(".", 1)[0]
+        if missing != module_name and not module_name.startswith(f"{missing}."):
+            return (f"importing {module_name!r} failed: it imports {missing!r}, which is not installed "
+                    f"on this host ({exc})")
+        if missing != top:  # the package imports, the module path has a typo
+            parent, _, last = missing.rpartition(".")
+            where = getattr(sys.modules.get(parent), "__path__", None)
+            return f"package {parent!r} ({', '.join(where or []) or '?'}) has no module {last!r} ({exc})"
+        return (f"cannot import {module_name!r}: {exc}. Make the folder that holds {top}/ importable on this host: "
+                f"pythonpath = [\"<that folder, relative to the rootdir>\"] under [tool.pytest.ini_options] "
+                f"in pyproject.toml (or pytest.ini), 'pip install -e .' of your package, or PYTHONPATH; "
+                f"sys.path now starts with {sys.path[:3]}")
+    except Exception as exc:  # the user's module raised while importing: say where, briefly
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f" at {exc.filename}:{exc.lineno}"
+        return f"importing {module_name!r} failed{where}: {type(exc).__name__}: {exc}"
+    target = getattr(module, function, None)
+    if target is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                        and getattr(v, "__module__", None) == module.__name__)
+        return (f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {function!r}; "
+                f"its functions: {', '.join(public) or 'none'}")
+    if not callable(target):
+        return f"{protocol!r} is a {type(target).__name__}, not a function taking the job context"
+    return ""
 
 
 def _number(value: object, *, integer: bool = False) -> bool:
@@ -110,29 +180,60 @@ class SquallSession:
         self.config = config
         self.labs: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.cells: list[Any] = []  # harness.report.CellResult
+        self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
 
     def option(self, name: str) -> Any:
         return self.config.getoption(f"--squall-{name}")
 
-    def matrix(self, marker: dict[str, Any], *, where: str) -> Any:
+    def matrix(self, marker: dict[str, Any], *, where: str, test_dir: Path | None = None) -> Any:
+        """The test's cells: the matrix file, then the options, then the marker (the last one wins).
+
+        Relative profile paths are resolved against the test file's folder, then the rootdir
+        (and, for a matrix file's own profiles, that file's folder first).
+        """
         from harness.matrix import MatrixError, build_matrix, load_matrix
         from protocols.catalog import PROTOCOLS
 
         raw: dict[str, Any] = dict(DEFAULTS)
+        bases = [*([test_dir] if test_dir else []), Path(self.config.rootpath)]
+        profile_bases = bases
         path = self.option("matrix")
         try:
             if path is not None:
-                m = load_matrix(path, known_protocols=PROTOCOLS)
+                path = path if path.is_absolute() else Path(self.config.invocation_params.dir) / path
+                try:
+                    m = load_matrix(path, known_protocols=PROTOCOLS)
+                except FileNotFoundError as exc:
+                    raise pytest.UsageError(f"--squall-matrix: no such file {path}") from exc
                 raw.update(protocols=list(m.protocols), profiles=list(m.profiles), workers=list(m.workers),
                            seeds=list(m.seeds))
+                profile_bases = [path.parent, *bases]
             for key in ("protocols", "profiles", "workers", "seeds"):
                 if self.option(key):
                     raw[key] = self.option(key)
+                    if key == "profiles":
+                        profile_bases = bases
                 if key in marker:
                     raw[key] = marker[key]
+                    if key == "profiles":
+                        profile_bases = bases
+            if isinstance(raw["profiles"], str):
+                raw["profiles"] = [p.strip() for p in raw["profiles"].split(",") if p.strip()]
+            if isinstance(raw["profiles"], list | tuple):
+                raw["profiles"] = [resolve_profile_path(p, profile_bases, where=where) if isinstance(p, str) else p
+                                   for p in raw["profiles"]]
             return build_matrix(raw, source=where, known_protocols=PROTOCOLS)
         except MatrixError as exc:
             raise pytest.UsageError(str(exc)) from exc
+
+    def check_entry_point(self, protocol: str, *, where: str) -> None:
+        """Import a ``package.module:function`` protocol on the host once per session; a usage error if it fails."""
+        if ":" not in protocol:
+            return
+        if protocol not in self.checked:
+            self.checked[protocol] = entry_point_problem(protocol)
+        if self.checked[protocol]:
+            raise pytest.UsageError(f"{where}: protocol {protocol!r}: {self.checked[protocol]}")
 
     def lab(self, workers: int, code: tuple[str, ...]) -> Any:
         from harness.experiment import Lab

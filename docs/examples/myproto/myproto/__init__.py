@@ -1,0 +1,1 @@
+"""An example protocol package that lives outside Squall (docs/writing-a-protocol.md)."""
