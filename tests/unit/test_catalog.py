@@ -39,9 +39,10 @@ SHIPPED = {
     "dropcompute": "dropcompute", "dropcompute_off": "dropcompute",
     "nonblocking_ring": "nonblocking", "nonblocking_dpsgd": "nonblocking", "nonblocking_matcha": "nonblocking",
     "al_dsgd": "al_dsgd",
+    "lossy_sgd": "lossy_sgd", "lossy_sgd_noresync": "lossy_sgd",
 }
 SHIPPED_JOBS = {"gloo_train", "gloo_allreduce", "swarm", "moshpit", "moshpit_average", "dropcompute", "nonblocking",
-                "al_dsgd"}
+                "al_dsgd", "lossy_sgd"}
 SHIPPED_ALGORITHMS = {"local", "allreduce", "local_sgd", "dpsgd", "sgp", "matcha", "ps"}
 UTILITY_JOBS = {"noop", "echo_mesh", "sleep", "fail", "sysinfo", "udp_probe", "tcp_goodput", "tcp_rtt", "train",
                 "allreduce_bench"}
