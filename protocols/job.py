@@ -7,9 +7,11 @@ the entry point. Nothing here knows about Docker or the harness.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -151,3 +153,30 @@ class JobContext:
         if self.spec.deadline_s is None:
             return float("inf")
         return self.spec.deadline_s - (time.monotonic() - self.started)
+
+
+# ``package.module:function`` references: job entry points, Non-blocking SGD's mixers and the like name a
+# callable by string so that no table imports it; resolved here, in one place, with a precise error.
+
+
+class BadReference(ValueError):
+    """A reference that is malformed, cannot be imported or does not name a callable."""
+
+
+def resolve_callable(reference: str, *, what: str = "reference") -> Callable[..., Any]:
+    """The callable ``reference`` (``package.module:function``) names.
+
+    :param what: how the error calls the reference, e.g. ``"mixer"`` or ``"entry point"``.
+    :raises BadReference: naming ``what``, the reference and the reason.
+    """
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise BadReference(f"{what} {reference!r} must be 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BadReference(f"{what} {reference!r}: cannot import {module_name!r} ({exc})") from exc
+    func = getattr(module, attr, None)
+    if not callable(func):
+        raise BadReference(f"{what} {reference!r}: {module_name!r} has no callable {attr!r}")
+    return func  # type: ignore[no-any-return]

@@ -10,9 +10,10 @@ into the containers).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
+
+from protocols.job import BadReference, resolve_callable
 
 REGISTRY: dict[str, str] = {
     "noop": "protocols.jobs.diagnostics:noop",
@@ -61,12 +62,7 @@ def resolve(entry: str) -> Callable[..., Any]:
             raise UnknownEntry(f"unknown entry point {entry!r}; registered: {sorted(known)}, "
                                "or give 'package.module:function'")
         target = known[entry]
-    module_name, _, attr = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownEntry(f"entry point {entry!r}: cannot import {module_name!r} ({exc})") from exc
-    func = getattr(module, attr, None)
-    if not callable(func):
-        raise UnknownEntry(f"entry point {entry!r}: {module_name!r} has no callable {attr!r}")
-    return func  # type: ignore[no-any-return]
+        return resolve_callable(target, what=f"entry point {entry!r}:" if target != entry else "entry point")
+    except BadReference as exc:
+        raise UnknownEntry(str(exc)) from exc

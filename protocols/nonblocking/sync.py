@@ -22,7 +22,6 @@ reference in the message.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from protocols.collectives import ring_allreduce
 from protocols.common.algorithms.base import Mixer
 from protocols.common.optim import Sgd
 from protocols.gossip.sgd import GossipSGD
+from protocols.job import resolve_callable
 from protocols.transport import Transport
 
 SYNC_TAG = 0x4E425359  # "NBSY": the ring all-reduce of [gradient sum, count]
@@ -82,17 +82,7 @@ class GossipSync(Sync):
 
 def resolve_mixer(reference: str) -> MixerFactory:
     """The mixer factory named ``package.module:function``; ValueError naming the reference if there is none."""
-    module_name, sep, attr = reference.partition(":")
-    if not sep:
-        raise ValueError(f"mixer {reference!r} must be 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"mixer {reference!r}: cannot import {module_name!r} ({exc})") from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"mixer {reference!r}: {module_name!r} has no callable {attr!r}")
-    return factory  # type: ignore[no-any-return]
+    return resolve_callable(reference, what="mixer")
 
 
 def build_gossip_sync(transport: Transport, optimizer: Sgd, reference: str, mixer_args: Mapping[str, Any], *,
