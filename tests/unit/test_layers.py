@@ -49,7 +49,7 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "shaping": (frozenset({"harness.shaping"}), frozenset({"profiles"})),
     "cluster": (frozenset({"harness.cluster"}), frozenset({"profiles", "shaping"})),
     "calibration": (frozenset({"harness.calibration"}), frozenset({"profiles", "shaping", "cluster"})),
-    "trace": (frozenset({"harness.trace"}), frozenset()),
+    "trace": (frozenset({"harness.trace", "harness.progress"}), frozenset()),
     "checks": (frozenset({"harness.checks"}), frozenset({"trace"})),
     "timeline": (frozenset({"harness.timeline"}), frozenset({"profiles", "trace"})),
     "matrix": (frozenset({"harness.matrix"}), frozenset({"profiles"})),
