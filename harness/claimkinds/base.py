@@ -58,6 +58,8 @@ class Claim:
     def spec(self, protocol: str, profile: str, seed: int, **config: Any) -> RunSpec:
         """The run of ``protocol`` for one seed on one profile (``config`` is merged into the run's config)."""
         run = dict(self.run)
+        if "steps" in run:
+            run.setdefault("seconds", None)  # a step budget alone: no time budget cuts it short
         if config:
             run["config"] = {**dict(run.get("config") or {}), **config}
         target = {self.target.metric: self.target.value} if self.target is not None else {}

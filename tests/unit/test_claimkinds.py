@@ -159,3 +159,10 @@ def test_loss_per_sample_compares_at_equal_samples_and_checks_epochs(tmp_path: P
     assert evaluate(claim, run_with(1.2, [64, 64])).verdict.passed is False
     lost = evaluate(claim, run_with(1.0, [64, 60])).verdict
     assert lost.passed is False and "unequal" in lost.why
+
+
+def test_a_claim_with_a_step_budget_alone_is_not_cut_short_by_the_default_time_budget(tmp_path: Path) -> None:
+    claim = _load(tmp_path, check="threshold_choice", fast=DC, profiles=["lan"], workers=4, seeds=[0],
+                  run={"steps": 110})
+    spec = claim.spec(DC, "lan", 0)
+    assert spec.steps == 110 and spec.seconds is None
