@@ -211,9 +211,9 @@ def compress_mean(
     """
     flats = [np.asarray(v, dtype=np.float32).reshape(-1) for v in vectors]
     sketches = sketch_matrices(segments, rank, seed, exact=exact)
-    mean_sketch = np.mean([local_sketch(f, segments, sketches) for f in flats], axis=0, dtype=np.float64)
+    mean_sketch = np.stack([local_sketch(f, segments, sketches) for f in flats]).astype(np.float64).mean(axis=0)
     selection = select(mean_sketch.astype(np.float32), segments, ratio, rank, exact=exact)
-    packed = np.mean([gather_rows(f, segments, selection) for f in flats], axis=0, dtype=np.float64)
+    packed = np.stack([gather_rows(f, segments, selection) for f in flats]).astype(np.float64).mean(axis=0)
     return scatter_rows(packed.astype(np.float32), segments, selection, flats[0].size), selection
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -127,13 +128,15 @@ class CompressedSGD(Algorithm):
     :param aggregate: see :data:`Aggregate`.
     :param dense: a mean all-reduce for EF21/EF21M's first step.
     :param feedback: the error-feedback variant and settings.
+    :param name: the algorithm's name in metrics (the protocol's).
     """
 
     name = "compressed_sgd"
 
     def __init__(self, aggregate: Aggregate, dense: Reducer, *, feedback: FeedbackConfig | None = None,
-                 optimizer: Sgd | None = None) -> None:
+                 optimizer: Sgd | None = None, name: str | None = None) -> None:
         super().__init__(optimizer=optimizer)
+        self.name = name or type(self).name  # the protocol's algorithm name, in metrics
         self.aggregate, self.dense = aggregate, dense
         self.feedback = ErrorFeedback(feedback)
         self.dense_steps = 0
@@ -152,3 +155,13 @@ class CompressedSGD(Algorithm):
     def stats(self) -> dict[str, float]:
         return {"dense_steps": self.dense_steps, "compressed_steps": self.compressed_steps,
                 "ef_residual": self.feedback.residual_norm()}
+
+
+def feedback_options(options: dict[str, Any], *, default: str) -> FeedbackConfig:
+    """Pop ``ef`` (``default``), ``beta`` (0.9) and ``dense_start`` (true) from a builder's ``options``."""
+    variant = str(options.pop("ef", default))
+    beta = float(options.pop("beta", 0.9))
+    dense_start = options.pop("dense_start", True)
+    if not isinstance(dense_start, bool):
+        raise ValueError(f"dense_start = {dense_start!r} must be true or false")
+    return FeedbackConfig(variant=variant, beta=beta, dense_start=dense_start)

@@ -47,7 +47,7 @@ def _check_params(numel: int, params: Params) -> None:
 
 
 SCHEMA = PayloadSchema(
-    compressor="randk",
+    compressor="rand_k",
     params=(("k", ParamKind.U64), ("seed", ParamKind.U64)),
     arrays=(ArraySpec("values", np.dtype(np.float32), count=lambda numel, p: int(p["k"])),),
     check_params=_check_params,
@@ -61,7 +61,7 @@ class RandK(Compressor):
     :param seed: the shared seed of the next :meth:`encode` (a protocol sets it per step).
     """
 
-    name: ClassVar[str] = "randk"
+    name: ClassVar[str] = "rand_k"
     schema: ClassVar[PayloadSchema] = SCHEMA
 
     def __init__(self, *, ratio: float = 0.01, seed: int = 0, k: int | None = None) -> None:

@@ -58,7 +58,7 @@ def _check_order(payload: CompressedPayload) -> None:
 
 
 SCHEMA = PayloadSchema(
-    compressor="topk",
+    compressor="top_k",
     params=(("k", ParamKind.U64),),
     arrays=(
         ArraySpec("values", np.dtype(np.float32), count=lambda numel, p: int(p["k"])),
@@ -76,7 +76,7 @@ class TopK(Compressor):
     :param ratio: fraction of coordinates kept, in (0, 1] (``k`` wins when both are given).
     """
 
-    name: ClassVar[str] = "topk"
+    name: ClassVar[str] = "top_k"
     schema: ClassVar[PayloadSchema] = SCHEMA
 
     def __init__(self, *, k: int | None = None, ratio: float = 0.01) -> None:
