@@ -40,10 +40,12 @@ SHIPPED = {
     "nonblocking_ring": "nonblocking", "nonblocking_dpsgd": "nonblocking", "nonblocking_matcha": "nonblocking",
     "al_dsgd": "al_dsgd",
     "lossy_sgd": "lossy_sgd", "lossy_sgd_noresync": "lossy_sgd",
+    "topk": "topk", "randk": "randk", "arc_topk": "arc_topk", "lowbit_allreduce": "lowbit", "lowbit_ring": "lowbit",
 }
 SHIPPED_JOBS = {"gloo_train", "gloo_allreduce", "swarm", "moshpit", "moshpit_average", "dropcompute", "nonblocking",
                 "al_dsgd", "lossy_sgd"}
-SHIPPED_ALGORITHMS = {"local", "allreduce", "local_sgd", "dpsgd", "sgp", "matcha", "ps"}
+SHIPPED_ALGORITHMS = {"local", "allreduce", "local_sgd", "dpsgd", "sgp", "matcha", "ps",
+                      "topk", "randk", "arc_topk", "lowbit_allreduce", "lowbit_ring"}
 UTILITY_JOBS = {"noop", "echo_mesh", "sleep", "fail", "sysinfo", "udp_probe", "tcp_goodput", "tcp_rtt", "train",
                 "allreduce_bench"}
 
