@@ -98,3 +98,84 @@ def drift_bounded(trace: RunTrace, bound: float, *, max_growth: float | None = N
     if max_growth is not None and growth > max_growth:
         return Verdict("drift_bounded", False, measured, expected, f"drift grows: late/mid = {growth:.2f}")
     return Verdict("drift_bounded", True, measured, expected, f"peak {peak:.4g}, growth {growth:.2f}")
+
+
+# -- drift from the owners' reference (protocols whose workers own shards, e.g. training under packet loss) --
+#
+# Such a protocol's records carry ``drift`` (an owner's share of the mean drift (1/N) sum_i ||x_i - x_owner||^2,
+# measured on its own shard) and ``drift_at`` (the iteration it was measured at). The mean drift of an
+# iteration is the sum of every owner's share; an iteration some owner did not report is left out.
+
+#: Windows of the run (fractions of the iterations measured) compared by :func:`owner_drift_bounded`: the
+#: paper's test compares iterations 1500-2000 with 500-1000 of 2000.
+MID = (0.25, 0.5)
+LATE = (0.75, 1.0)
+
+
+def owner_drift_series(trace: RunTrace) -> list[tuple[int, float]]:
+    """``(iteration, mean drift)`` for every iteration that every surviving worker measured its share of."""
+    shares: dict[int, dict[int, float]] = {}
+    for r in trace.records:
+        at, drift = r.extra.get("drift_at"), r.extra.get("drift")
+        if at is None or drift is None or r.worker not in trace.alive:
+            continue
+        shares.setdefault(int(at), {})[r.worker] = drift
+    owners = len(trace.alive)
+    return sorted((at, sum(by.values())) for at, by in shares.items() if len(by) == owners)
+
+
+def _window_mean(series: Sequence[tuple[int, float]], window: tuple[float, float]) -> float | None:
+    if not series:
+        return None
+    first, last = series[0][0], series[-1][0]
+    lo, hi = first + window[0] * (last - first), first + window[1] * (last - first)
+    values = [d for t, d in series if lo <= t <= hi]
+    return statistics.fmean(values) if values else None
+
+
+def drift_growth(series: Sequence[tuple[int, float]], *, mid: tuple[float, float] = MID,
+                 late: tuple[float, float] = LATE) -> tuple[float, float, float] | None:
+    """``(mid mean, late mean, late / mid)`` of a drift series (None when a window is empty)."""
+    m, lt = _window_mean(series, mid), _window_mean(series, late)
+    if m is None or lt is None:
+        return None
+    ratio = lt / m if m > 0 else (1.0 if lt == 0 else math.inf)
+    return m, lt, ratio
+
+
+@safe("drift_bounded")
+def owner_drift_bounded(trace: RunTrace, *, max_growth: float = 2.0, bound: float | None = None,
+                        min_points: int = MIN_POINTS) -> Verdict:
+    """Pass when the mean drift from the owners stays bounded: late/mid <= ``max_growth`` (and <= ``bound``).
+
+    ``bound`` is e.g. the analytic ``c lr^2 G^2 p / (1 - p)``; late and mid are the windows :data:`LATE`
+    and :data:`MID` of the iterations measured.
+    """
+    expected = f"late/mid drift <= {max_growth:g}" + (f", drift <= {bound:g}" if bound is not None else "")
+    series = owner_drift_series(trace)
+    growth = drift_growth(series) if len(series) >= min_points else None
+    if growth is None:
+        return unknown("drift_bounded", expected, f"{len(series)} iterations with every owner's drift: too few")
+    mid, late, ratio = growth
+    peak_at, peak = max(series, key=lambda p: p[1])
+    measured = {"mid": mid, "late": late, "growth": round(ratio, 3), "max": peak, "max_at": peak_at,
+                "points": len(series)}
+    if bound is not None and peak > bound:
+        return Verdict("drift_bounded", False, measured, expected, f"drift reached {peak:.4g} at iteration {peak_at}")
+    if ratio > max_growth:
+        return Verdict("drift_bounded", False, measured, expected, f"drift grows: late/mid = {ratio:.2f}")
+    return Verdict("drift_bounded", True, measured, expected, f"late/mid = {ratio:.2f}, peak {peak:.4g}")
+
+
+@safe("drift_grows")
+def owner_drift_grows(trace: RunTrace, *, min_growth: float = 3.0, min_points: int = MIN_POINTS) -> Verdict:
+    """Pass when the mean drift from the owners grows: late/mid >= ``min_growth`` (a control without resync)."""
+    expected = f"late/mid drift >= {min_growth:g}"
+    series = owner_drift_series(trace)
+    growth = drift_growth(series) if len(series) >= min_points else None
+    if growth is None:
+        return unknown("drift_grows", expected, f"{len(series)} iterations with every owner's drift: too few")
+    mid, late, ratio = growth
+    measured = {"mid": mid, "late": late, "growth": round(ratio, 3), "points": len(series)}
+    passed = ratio >= min_growth
+    return Verdict("drift_grows", passed, measured, expected, f"late/mid = {ratio:.2f}")
