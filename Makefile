@@ -68,3 +68,11 @@ gc: venv docker
 clean: venv
 	-@$(SQUALL) gc --all
 	rm -rf $(VENV) containers/.wheelhouse
+
+# The installable package: dist/squall-<version>-py3-none-any.whl, carrying the profiles, the image
+# recipe, claims.yaml and matrices/ as package data (setup.py); pip install it anywhere.
+.PHONY: wheel
+wheel: venv
+	@rm -rf build  # setuptools would reuse stale modules from an earlier build
+	@$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls -l dist/squall-*.whl
