@@ -21,14 +21,16 @@ import torch
 ESTIMATORS = ("received_mean", "inverse_probability", "zero_fill")
 
 
-def reconstruct(own: torch.Tensor, others_sum: torch.Tensor, arrived: int, workers: int, *, estimator: str,
-                loss: float = 0.0) -> torch.Tensor:
+def reconstruct(own: torch.Tensor, others_sum: torch.Tensor, arrived: int | torch.Tensor, workers: int, *,
+                estimator: str, loss: float = 0.0) -> torch.Tensor:
     """One packet's reconstructed mean block (see the module docstring).
 
-    :param arrived: how many of the ``workers - 1`` other contributions arrived (their sum is ``others_sum``).
+    :param arrived: how many of the ``workers - 1`` other contributions arrived (their sum is ``others_sum``);
+        a tensor broadcasting against the blocks reconstructs many trials at once.
     :param loss: p, used by ``inverse_probability`` only.
     """
-    if not 0 <= arrived <= workers - 1:
+    low, high = (int(arrived.min()), int(arrived.max())) if isinstance(arrived, torch.Tensor) else (arrived, arrived)
+    if not 0 <= low <= high <= workers - 1:
         raise ValueError(f"arrived must be in [0, {workers - 1}], got {arrived}")
     if estimator == "received_mean":
         return (own + others_sum) / (1 + arrived)
@@ -59,27 +61,26 @@ def trial_estimates(blocks: np.ndarray, loss: float, trials: int, *, estimator: 
     """``trials`` reconstructions of the mean of ``blocks`` (shape ``(N, d)``, row 0 the owner's).
 
     Each trial drops every other row with probability ``loss`` (and, with ``symmetric``, the
-    owner's too, the trial then redrawn while nothing arrived) and calls :func:`reconstruct`:
-    the statistical test of the estimators (claim T7.1) uses the protocol's own code.
+    owner's too: the trial's first arrived row then plays the owner's part, and a trial where
+    nothing arrived is drawn again) and calls :func:`reconstruct` on all trials at once: the
+    statistical test of the estimators (claim T7.1) uses the protocol's own code.
     """
     n, _ = blocks.shape
     rng = np.random.default_rng(seed)
-    tensors = torch.from_numpy(np.asarray(blocks, dtype=np.float64))
-    out = np.empty((trials, blocks.shape[1]))
-    for i in range(trials):
-        while True:
-            kept: np.ndarray = np.asarray(rng.random(n) >= loss)
-            if not symmetric:
-                kept[0] = True
-            if kept.any():
-                break
-        if symmetric:  # the first arrived block plays the owner's part
-            first = int(np.argmax(kept))
-            rest = kept.copy()
-            rest[first] = False
-            own, others, arrived = tensors[first], tensors[torch.from_numpy(rest)].sum(0), int(rest.sum())
-        else:
-            others_mask = torch.from_numpy(kept[1:])
-            own, others, arrived = tensors[0], tensors[1:][others_mask].sum(0), int(kept[1:].sum())
-        out[i] = reconstruct(own, others, arrived, n, estimator=estimator, loss=loss).numpy()
-    return out
+    kept = rng.random((trials, n)) >= loss
+    if symmetric:
+        while not (empty := ~kept.any(axis=1)).all() and empty.any():
+            kept[empty] = rng.random((int(empty.sum()), n)) >= loss
+        if not kept.any(axis=1).all():
+            raise ValueError("loss 1: nothing ever arrives")
+    else:
+        kept[:, 0] = True
+    g = torch.from_numpy(np.asarray(blocks, dtype=np.float64))
+    mask = torch.from_numpy(kept)
+    first = mask.to(torch.int8).argmax(dim=1)  # the owner's row: 0, or the first arrived one
+    own_mask = torch.zeros_like(mask)
+    own_mask[torch.arange(trials), first] = True
+    others_mask = (mask & ~own_mask).to(torch.float64)
+    own, others = g[first], others_mask @ g
+    arrived = others_mask.sum(dim=1, keepdim=True).to(torch.int64)
+    return reconstruct(own, others, arrived, n, estimator=estimator, loss=loss).numpy()
