@@ -18,6 +18,7 @@ from protocols.job import JobContext, JobSpec, MetricsWriter
 from protocols.registry import resolve
 from protocols.train import train
 
+CLOCK_SLACK_S = 1e-5  # records round times to microseconds; asyncio may wake one clock tick early
 PEERS = tuple(f"127.0.0.{i + 1}" for i in range(4))  # every 127/8 address is loopback on Linux
 
 
@@ -89,12 +90,18 @@ def test_train_job_over_loopback_tcp(tmp_path: Path) -> None:
     assert all(r["steps"] == 60 and r["stopped_by"] == "steps" and r["world_size"] == 4 for r in results)
     assert results[0]["final_eval"]["accuracy"] > 0.8
     assert results[0]["bytes_sent"] > 60 * 2 * 3 / 4 * 650 * 4
-    # The device model's guarantee: every step's compute phase lasts at least step_time_s, padded
-    # with sleep when the real compute is shorter (on a busy host it may not be, and sleeps 0).
-    for r in results:
-        assert r["compute_s"] + r["sleep_s"] >= 60 * 0.001, r
-        assert r["sleep_s"] >= 0
     records = [json.loads(line) for line in (tmp_path / "0" / "metrics.jsonl").read_text().splitlines()]
+    # The device model's guarantee, step by step, whatever the host's load: the compute phase lasts at
+    # least step_time_s (real compute, then a sleep for the rest), and a step sleeps only when its real
+    # compute was shorter than step_time_s (how long it sleeps, or whether any step does, depends on
+    # the host: a slow host computes 1 ms steps without padding).
+    steps = [r for r in records if "step" in r and "compute_s" in r]
+    assert len(steps) == 60
+    for r in steps:
+        assert r["compute_s"] + r["sleep_s"] >= 0.001 - CLOCK_SLACK_S, r
+        assert r["sleep_s"] == 0 or r["compute_s"] < 0.001 + CLOCK_SLACK_S, r
+    for r in results:
+        assert r["compute_s"] + r["sleep_s"] >= 60 * (0.001 - CLOCK_SLACK_S), r
     assert [r["step"] for r in records if "step" in r] == list(range(61))
     assert records[-1]["event"] == "end" and all("wall" in r for r in records)
 
@@ -120,7 +127,9 @@ def test_seconds_budget_is_capped_by_the_job_deadline(tmp_path: Path) -> None:
             metrics=metrics,
             started=time.monotonic(),
         )
-        assert run_config(ctx).loop.seconds == pytest.approx(15.0, abs=0.5)
+        seconds = run_config(ctx).loop.seconds
+        took = time.monotonic() - ctx.started  # however long a loaded host took to get here
+        assert seconds is not None and 15.0 - took - CLOCK_SLACK_S <= seconds <= 15.0
         no_deadline = JobContext(
             spec=_spec("train", 0, tmp_path, {"steps": 5}, deadline=None),
             out_dir=tmp_path,

@@ -165,7 +165,9 @@ def test_receives_time_out(kind: str, caplog: pytest.LogCaptureFixture) -> None:
         start = time.monotonic()
         with pytest.raises(TransportTimeout) as info:
             await mesh[0].recv(1, timeout=0.05)
-        assert info.value.peer == 1 and 0.04 <= time.monotonic() - start < 2
+        # Its own deadline, not the transport's default (0.1 s), and never early; how late a loaded
+        # host lets it end is not the transport's to promise.
+        assert info.value.peer == 1 and info.value.timeout == 0.05 and time.monotonic() - start >= 0.04
         with pytest.raises(TransportTimeout):
             await mesh[0].recv(timeout=0.01)
         with pytest.raises(TransportTimeout):

@@ -11,7 +11,6 @@ import contextlib
 import os
 import socket
 import struct
-import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -167,10 +166,10 @@ def test_dialling_retries_until_the_peer_listens() -> None:
 def test_an_unreachable_peer_fails_after_the_connect_timeout() -> None:
     async def main() -> None:
         transport = await lone_rank0(default_timeout=10, connect_timeout=0.3)
-        start = time.monotonic()
-        with pytest.raises(PeerFailed, match="could not connect"):
+        # Which timer fired, not how long it took: the 10 s send deadline would raise TransportTimeout;
+        # the connect timeout fails the peer and says so, with its own 0.3 s.
+        with pytest.raises(PeerFailed, match=r"could not connect within 0\.3 s"):
             await transport.send(1, Message.of_tensor(torch.ones(1)))
-        assert time.monotonic() - start < 3
         with pytest.raises(PeerFailed):
             await transport.recv(1)
         await transport.close()
@@ -291,10 +290,9 @@ def test_a_silent_peer_is_failed_by_the_heartbeat() -> None:
         transport = await lone_rank0(default_timeout=5, heartbeat_interval=0.05)
         raw = await RawPeer.dial(transport.address)
         await raw.hello(heartbeat=0.05)  # promises heartbeats, then sends nothing
-        start = time.monotonic()
-        with pytest.raises(PeerFailed, match="heartbeat"):
+        # The heartbeat timer, not the 5 s receive deadline (that would raise TransportTimeout), failed it:
+        with pytest.raises(PeerFailed, match=r"heartbeat timeout 0\.2 s"):
             await transport.recv(1)
-        assert time.monotonic() - start < 2
         await raw.close()
         await transport.close()
 
