@@ -10,7 +10,7 @@ PY    := $(VENV)/bin/python
 SQUALL := $(VENV)/bin/squall
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration matrix venv docker image lint typecheck bench bench-allreduce fuzz gc clean help
+.PHONY: demo test unit integration matrix venv docker image lint typecheck bench bench-allreduce fuzz gc clean help test-netem
 
 help:
 	@echo "make demo | test | unit | integration | matrix | lint | typecheck | bench | bench-allreduce | fuzz | gc | clean"
@@ -38,6 +38,10 @@ unit: venv
 
 integration: image
 	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+# The netem backend on a netem kernel: a Debian kernel under QEMU runs its suites (scripts/netem-vm/).
+test-netem: venv
+	@$(VENV)/bin/pytest tests/netem_vm $(PYTEST_ARGS)
 
 matrix: image
 	@$(SQUALL) matrix matrices/full.yaml --report results/matrix
