@@ -26,7 +26,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from harness.checks import Verdict, drift_series
+from harness.checks import Target, Verdict, drift_series
+from harness.report_compare import (
+    COMPARE_HEAD,
+    CellFigures,
+    Comparison,
+    cell_figures,
+    compare,
+    comparison_rows,
+    megabytes,
+    stats_tables,
+    target_from,
+)
+from harness.report_network import LINK_HEAD, Fidelity, fidelity_by_profile, profile_sections
+from harness.report_plots import plot_bytes_to_target, plot_heatmap, plot_loss_vs_bytes
+from harness.report_reproduce import matrix_text, reproduce_rows
 from harness.trace import RunTrace, trace_from_json, trace_to_json
 
 logger = logging.getLogger(__name__)
@@ -207,15 +221,8 @@ def plot_drift(cells: Sequence[CellResult]) -> str | None:
 
 
 # -- pages --------------------------------------------------------------------------------------
-def _summary_rows(results: Results) -> list[list[str]]:
-    rows = []
-    for c in results.cells:
-        states = [v.passed for v in c.verdicts]
-        overall = False if False in states else None if None in states else True
-        final = next((r.loss for r in reversed(c.trace.records) if r.loss is not None), None)
-        rows.append([c.cell_id, c.trace.backend, STATE[overall], f"{c.trace.duration:.1f}",
-                     "-" if final is None else f"{final:.4g}", "; ".join(v.line() for v in c.verdicts)])
-    return rows
+#: Keys of ``Results.meta`` that have sections of their own (not listed in the page's header).
+STRUCTURED_META = frozenset({"provenance", "profiles", "run", "target"})
 
 
 def figure(value: Any) -> str:
@@ -229,72 +236,277 @@ def figure(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def verdict_line(v: Verdict) -> str:
+    """``PASS converged: measured 1.2, expected accuracy >= 0.9: why`` with the figure in words."""
+    return f"{STATE[v.passed].upper()} {v.check}: measured {figure(v.measured)}, expected {v.expected}: {v.why}"
+
+
+@dataclass(frozen=True)
+class _View:
+    """What the page sections share, computed once per page."""
+
+    results: Results
+    target: Target | None
+    figures: tuple[CellFigures, ...]
+    comparison: Comparison
+    fidelity: Mapping[str, Fidelity]
+    profiles: tuple[Mapping[str, Any], ...]
+
+    @property
+    def target_text(self) -> str:
+        return self.target.describe() if self.target else "no target"
+
+
+def _view(results: Results) -> _View:
+    target = target_from(results.meta)
+    ran = [c for c in results.cells if c.trace.records]
+    figures = tuple(cell_figures(c.trace, target) for c in ran)
+    used = [(c.trace.profile, c.trace.workers) for c in results.cells]
+    given = results.meta.get("profiles")
+    return _View(results, target, figures, compare(figures),
+                 fidelity_by_profile([p for p, _ in used], results.calibration),
+                 tuple(profile_sections(used, given if isinstance(given, Mapping) else {})))
+
+
+def _overall(c: CellResult) -> bool | None:
+    states = [v.passed for v in c.verdicts]
+    return False if False in states else None if None in states else True
+
+
+def _network_flag(fid: Fidelity | None) -> str:
+    if fid is None or fid.state == "not calibrated":
+        return "not calibrated"
+    return "FLAGGED: calibration failed" if fid.state == "failed" else fid.state
+
+
+SUMMARY_HEAD = ["cell", "backend", "verdict", "network", "duration s", "time to target s", "steps",
+                "sent per worker", "final loss", "checks"]
+
+
+def _summary_rows(view: _View) -> list[list[str]]:
+    figs = {(f.protocol, f.profile, f.workers, f.seed): f for f in view.figures}
+    rows = []
+    for c in view.results.cells:
+        t = c.trace
+        f = figs.get((t.protocol, t.profile, t.workers, t.seed))
+        tt = "-" if f is None or view.target is None else (
+            "not reached" if f.seconds_to_target is None else f"{f.seconds_to_target:.2f}")
+        rows.append([c.cell_id, t.backend, STATE[_overall(c)], _network_flag(view.fidelity.get(t.profile)),
+                     f"{t.duration:.1f}", tt, "-" if f is None else str(f.steps),
+                     "-" if f is None else megabytes(f.bytes_per_worker),
+                     "-" if f is None or f.final_loss is None else f"{f.final_loss:.4g}",
+                     "; ".join(verdict_line(v) for v in c.verdicts)])
+    return rows
+
+
 def _claim_rows(results: Results) -> list[list[str]]:
     return [[c.claim_id, c.paper, c.claim, c.paper_figure, c.our_setting, figure(c.verdict.measured),
              c.verdict.expected, STATE[c.verdict.passed], c.verdict.why] for c in results.claims]
 
 
-SUMMARY_HEAD = ["cell", "backend", "verdict", "duration s", "final loss", "checks"]
 CLAIM_HEAD = ["claim", "paper", "what", "paper's figure", "our setting", "measured", "threshold", "verdict", "why"]
-CAL_HEAD = ["link", "quantity", "configured", "measured", "tolerance", "verdict"]
+CAL_HEAD = ["profile", "link", "quantity", "configured", "measured", "tolerance", "verdict", "why"]
+FIDELITY_HEAD = ["profile", "backend", "checks", "failed", "undecided", "state", "cells run on it"]
 
 
 def _cal_rows(results: Results) -> list[list[str]]:
-    return [[str(r.get(k, "")) for k in ("link", "quantity", "configured", "measured", "tolerance", "verdict")]
-            for r in results.calibration]
+    return [[figure(r.get(k, "-")) for k in ("profile", "link", "quantity", "configured", "measured", "tolerance",
+                                             "verdict", "why")] for r in results.calibration]
+
+
+def _fidelity_rows(view: _View) -> list[list[str]]:
+    rows = []
+    for name, fid in view.fidelity.items():
+        cells = [c.cell_id for c in view.results.cells if c.trace.profile == name]
+        rows.append([name, ", ".join(fid.backends) or "-", str(fid.checked), str(len(fid.failed)), str(fid.unknown),
+                     "FLAGGED: calibration failed" if fid.state == "failed" else fid.state, ", ".join(cells)])
+    return rows
+
+
+def _flagged(view: _View) -> list[str]:
+    """One line per profile whose calibration failed, naming its cells."""
+    out = []
+    for name, fid in view.fidelity.items():
+        if fid.state == "failed":
+            cells = ", ".join(c.cell_id for c in view.results.cells if c.trace.profile == name)
+            out.append(f"{cells}: {fid.line()}")
+    return out
+
+
+def _headline(view: _View) -> str:
+    r = view.results
+    protocols = sorted({c.trace.protocol for c in r.cells})
+    profiles = sorted({c.trace.profile for c in r.cells})
+    workers = sorted({c.trace.workers for c in r.cells})
+    if not r.cells:
+        return f"{len(r.claims)} claims." if r.claims else "No runs."
+    return (f"{len(r.cells)} runs: {len(protocols)} protocols ({', '.join(protocols)}) on {len(profiles)} profiles "
+            f"({', '.join(profiles)}), {', '.join(map(str, workers))} workers; target {view.target_text}.")
+
+
+def _meta_items(results: Results) -> list[tuple[str, str]]:
+    return [(str(k), figure(v)) for k, v in results.meta.items() if k not in STRUCTURED_META]
+
+
+def _stats(view: _View) -> dict[str, tuple[list[str], list[list[str]]]]:
+    return stats_tables([(c.cell_id, c.trace) for c in view.results.cells])
+
+
+def _traces(results: Results) -> list[RunTrace]:
+    return [c.trace for c in results.cells]
 
 
 def markdown(results: Results) -> str:
-    """The Markdown page."""
+    """The Markdown page: the same four questions as the HTML page, without the plots."""
     def table(head: list[str], rows: list[list[str]]) -> list[str]:
         esc = [[cell.replace("|", "\\|") for cell in row] for row in rows]
-        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in esc)]
+        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in esc),
+                ""]
 
-    out = [f"# {results.title}", ""]
-    out += [f"- {k}: {v}" for k, v in results.meta.items()] + [""]
+    view = _view(results)
+    out = [f"# {results.title}", "", _headline(view), ""]
+    out += [f"- {k}: {v}" for k, v in _meta_items(results)] + [""]
     if results.cells:
-        out += ["## Summary", "", *table(SUMMARY_HEAD, _summary_rows(results)), ""]
+        out += ["## What network?", ""]
+        for p in view.profiles:
+            out += [f"### {p.get('name')}", "", f"{p.get('description')}", "",
+                    f"Source: `{p.get('source')}`; links as {p.get('workers')} workers saw them:", ""]
+            out += table(LINK_HEAD, [list(map(str, row)) for row in p.get("links", [])])
+        out += ["## Was the emulation faithful?", "", *table(FIDELITY_HEAD, _fidelity_rows(view))]
+        out += [f"- **flagged** {line}" for line in _flagged(view)] + [""]
+        out += ["## How do the protocols compare?", ""]
+        if view.target is not None:
+            out += [f"Time to {view.target_text} (median over seeds) and the ratio to each profile's best:", "",
+                    *table(COMPARE_HEAD, comparison_rows(view.comparison))]
+        out += ["### Summary", "", *table(SUMMARY_HEAD, _summary_rows(view))]
+        for protocol, (head, rows) in _stats(view).items():
+            out += [f"### {protocol}: its own figures", "", *table(head, rows)]
     if results.claims:
-        out += ["## Claims", "", *table(CLAIM_HEAD, _claim_rows(results)), ""]
+        out += ["## Claims", "", *table(CLAIM_HEAD, _claim_rows(results))]
     if results.calibration:
-        out += ["## Calibration", "", *table(CAL_HEAD, _cal_rows(results)), ""]
+        out += ["## Calibration", "", *table(CAL_HEAD, _cal_rows(results))]
+    if results.cells:
+        out += ["## How do I reproduce it?", "", *(f"- {k}: {v}" for k, v in reproduce_rows(results.meta,
+                                                                                                _traces(results))),
+                "", "As a matrix file (`squall matrix --file demo.yaml`):", "", "```yaml",
+                matrix_text(_traces(results), _run_of(results)), "```", ""]
     return "\n".join(out)
 
 
+def _run_of(results: Results) -> Mapping[str, Any]:
+    run = results.meta.get("run")
+    return run if isinstance(run, Mapping) else {}
+
+
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    cls = {"pass": "pass", "FAIL": "fail", "unknown": "unknown", "passed": "pass", "failed": "fail"}
+    cls = {"pass": "pass", "FAIL": "fail", "unknown": "unknown", "passed": "pass", "failed": "fail",
+           "faithful": "pass", "FLAGGED: calibration failed": "fail", "not calibrated": "unknown",
+           "partly verified": "unknown", "not reached": "unknown"}
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f'<td class="{cls.get(c, "")}">{html.escape(c)}</td>' for c in r) + "</tr>"
                    for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _img(title: str, data: str | None) -> str:
+    if not data:
+        return ""
+    return f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
 th{background:#f3f3f3}.pass{color:#2e7d32;font-weight:600}.fail{color:#c62828;font-weight:600}
-.unknown{color:#757575;font-weight:600}img{max-width:100%;border:1px solid #eee;margin:.5em 0}"""
+.unknown{color:#757575;font-weight:600}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+.flag{background:#fdecea;border-left:4px solid #c62828;padding:.5em 1em;margin:.5em 0}
+.lead{font-size:15px}pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:12px}
+nav a{margin-right:1.2em}dl.repro{display:grid;grid-template-columns:max-content auto;gap:2px 1.5em;font-size:13px}
+dl.repro dt{font-weight:600}dl.repro dd{margin:0;font-family:ui-monospace,monospace}"""
+
+
+def _html_network(view: _View) -> list[str]:
+    parts = ["<h2 id='network'>1. What network?</h2>"]
+    for p in view.profiles:
+        parts += [f"<h3>{html.escape(str(p.get('name')))}</h3>",
+                  f"<p>{html.escape(str(p.get('description')))}<br>source: <code>{html.escape(str(p.get('source')))}"
+                  f"</code>; links as {html.escape(str(p.get('workers')))} workers saw them:</p>",
+                  _html_table(LINK_HEAD, [list(map(str, row)) for row in p.get("links", [])])]
+        for phase in p.get("phases", []):
+            parts += [f"<p>from {html.escape(figure(phase.get('at_s')))} s "
+                      f"({html.escape(str(phase.get('name') or 'phase'))}):</p>",
+                      _html_table(LINK_HEAD, [list(map(str, row)) for row in phase.get("links", [])])]
+    return parts
+
+
+def _html_fidelity(view: _View) -> list[str]:
+    parts = ["<h2 id='fidelity'>2. Was the emulation faithful?</h2>",
+             "<p>Each profile's links were measured from inside the containers (delay, jitter, loss, rate) "
+             "against what the profile says. A run on a profile whose calibration failed is flagged: its "
+             "figures describe the network that was there, not the one that was asked for.</p>",
+             _html_table(FIDELITY_HEAD, _fidelity_rows(view))]
+    parts += [f"<div class='flag'><b>Flagged:</b> {html.escape(line)}</div>" for line in _flagged(view)]
+    if view.results.calibration:
+        parts += ["<details><summary>every calibration check</summary>",
+                  _html_table(CAL_HEAD, _cal_rows(view.results)), "</details>"]
+    return parts
+
+
+def _html_compare(view: _View) -> list[str]:
+    parts = ["<h2 id='compare'>3. How do the protocols compare?</h2>"]
+    if view.target is not None:
+        parts += [f"<p>Every run is measured at the same target, {html.escape(view.target_text)}: the seconds until "
+                  "every surviving worker met it (median over seeds), the ratio to the best protocol of the "
+                  "same profile, and the bytes each worker had sent by then.</p>",
+                  _img("Time to target", plot_heatmap(view.comparison, view.target_text)),
+                  _html_table(COMPARE_HEAD, comparison_rows(view.comparison)),
+                  _img("Bytes to target", plot_bytes_to_target(view.comparison, view.target_text))]
+    cells = view.results.cells
+    parts.append(_img("Loss against wall time", plot_loss(cells)))
+    if any(r.bytes_sent for c in cells for r in c.trace.records):
+        parts.append(_img("Loss against bytes sent", plot_loss_vs_bytes(_traces(view.results))))
+    parts.append(_img("Drift between workers", plot_drift(cells)))
+    parts += ["<h3>Every run</h3>", _html_table(SUMMARY_HEAD, _summary_rows(view))]
+    stats = _stats(view)
+    if stats:
+        parts.append("<h3>Each protocol's own figures</h3><p>The fields of its <code>stats()</code> "
+                     "(median over workers of the end summaries, else of the last step record).</p>")
+        for protocol, (head, rows) in stats.items():
+            parts += [f"<h4>{html.escape(protocol)}</h4>", _html_table(head, rows)]
+    return parts
+
+
+def _html_reproduce(view: _View) -> list[str]:
+    rows = reproduce_rows(view.results.meta, _traces(view.results))
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
+    return ["<h2 id='reproduce'>4. How do I reproduce it?</h2>", f"<dl class='repro'>{items}</dl>",
+            "<p>The runs as a matrix file, for <code>squall matrix --file FILE</code>:</p>",
+            f"<pre>{html.escape(matrix_text(_traces(view.results), _run_of(view.results)))}</pre>"]
 
 
 def html_page(results: Results) -> str:
-    """The self-contained HTML page."""
+    """The self-contained HTML page: what network, was it faithful, how do the protocols compare, how to
+    reproduce it; then the claims and every calibration check."""
+    view = _view(results)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(results.title)}</title>",
-             f"<style>{CSS}</style></head><body><h1>{html.escape(results.title)}</h1>"]
-    if results.meta:
-        parts.append("<ul>" + "".join(f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
-                                      for k, v in results.meta.items()) + "</ul>")
+             f"<style>{CSS}</style></head><body><h1>{html.escape(results.title)}</h1>",
+             f"<p class='lead'>{html.escape(_headline(view))}</p>"]
+    items = _meta_items(results)
+    if items:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in items) + "</ul>")
     if results.cells:
-        parts += ["<h2>Summary</h2>", _html_table(SUMMARY_HEAD, _summary_rows(results))]
-        for title, png in (("Loss vs wall time", plot_loss(results.cells)),
-                           ("Drift between workers", plot_drift(results.cells))):
-            if png:
-                parts.append(f"<h2>{title}</h2><img alt='{title}' src='data:image/png;base64,{png}'>")
+        parts.append("<nav><a href='#network'>What network?</a><a href='#fidelity'>Was it faithful?</a>"
+                     "<a href='#compare'>How do they compare?</a><a href='#reproduce'>How to reproduce</a>"
+                     + ("<a href='#claims'>Claims</a>" if results.claims else "") + "</nav>")
+        parts += _html_network(view) + _html_fidelity(view) + _html_compare(view)
     if results.claims:
-        parts += ["<h2>Claims</h2>", _html_table(CLAIM_HEAD, _claim_rows(results))]
+        parts += ["<h2 id='claims'>Claims</h2>", _html_table(CLAIM_HEAD, _claim_rows(results))]
         png = plot_speedups(results.claims)
         if png:
             parts.append(f"<img alt='claims' src='data:image/png;base64,{png}'>")
-    if results.calibration:
+    if results.calibration and not results.cells:
         parts += ["<h2>Calibration</h2>", _html_table(CAL_HEAD, _cal_rows(results))]
+    if results.cells:
+        parts += _html_reproduce(view)
     parts.append("</body></html>")
     return "".join(parts)
 

@@ -24,7 +24,7 @@ CONFINED = {
     "requests": ("harness.cluster",),  # the engine's transport errors
     "pyroute2": ("harness.shaping",),
     "pytest": ("harness.pytest_plugin",),
-    "matplotlib": ("harness.report",),
+    "matplotlib": ("harness.report", "harness.report_plots"),
 }
 
 #: protocols/: layer name -> (units in it, layers it may import besides its own).
@@ -53,7 +53,9 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "checks": (frozenset({"harness.checks"}), frozenset({"trace"})),
     "timeline": (frozenset({"harness.timeline"}), frozenset({"profiles", "trace"})),
     "matrix": (frozenset({"harness.matrix"}), frozenset({"profiles"})),
-    "report": (frozenset({"harness.report"}), frozenset({"checks", "trace"})),
+    "report": (frozenset({"harness.report", "harness.report_compare", "harness.report_network",
+                          "harness.report_plots", "harness.report_reproduce", "harness.provenance"}),
+               frozenset({"checks", "trace", "profiles"})),
     "experiment": (frozenset({"harness.experiment"}),
                    frozenset({"profiles", "shaping", "cluster", "trace", "timeline", "protocol entry"})),
     "claims": (frozenset({"harness.claims", "harness.claimkinds", "harness.runner"}),
