@@ -41,6 +41,8 @@ from protocols.lossy_sgd.packets import Layout, Packet, Phase, accepts
 
 #: Counter names of dropped datagrams.
 DROP_REASONS = ("malformed", "foreign", "not_mine", "late", "future", "duplicate")
+#: The iteration a peer that said goodbye counts as having reached.
+GONE = 1 << 63
 #: Order of the phases within an iteration (a probe leaves with its gradient).
 LEVEL = {Phase.PROBE: 0, Phase.GRADIENT: 0, Phase.BROADCAST: 1}
 
@@ -133,6 +135,12 @@ class Inbox:
         slot.seen.add(key)
         slot.store(packet)
         self.stored += 1
+
+    def peer_gone(self, peer: int) -> None:
+        """``peer`` said goodbye: never wait for it again (it counts as having reached every phase)."""
+        self.latest[peer] = (GONE, max(LEVEL.values()))
+        if self._changed is not None:
+            self._changed.set()
 
     def everyone_reached(self, phase: Phase, iteration: int) -> bool:
         """True once every peer has sent a valid packet of ``phase`` of ``iteration`` or later."""

@@ -10,7 +10,7 @@ or the layout refuses) and dropped; nothing a peer sends can raise here.
 Traffic counters (:class:`~protocols.transport.counters.PeerCounters`, per peer) count data
 datagrams sent and received (late and duplicate ones included: they did cross the link), so the
 loss of link ``i -> j`` is ``1 - received_j[i] / sent_i[j]``. Hellos of the start barrier are
-counted as overhead.
+counted as overhead. A peer's ``BYE`` (it finished) means no phase waits for it again.
 
 Start barrier: every worker sends ``HEARTBEAT`` hellos every ``HELLO_INTERVAL_S`` whose ``round``
 is the bitmask of ranks it has heard from (itself included), and goes on once it has heard from
@@ -168,6 +168,7 @@ class LossyLink:
             return
         if header.kind is MsgType.BYE:
             self.counters[peer].record_received(len(data), overhead=True)
+            self.inbox.peer_gone(peer)
             return
         self.counters[peer].record_received(len(data))
         self.peer_masks[peer] = self._everyone  # a peer sends data only once it has heard everyone

@@ -146,6 +146,21 @@ def test_inbox_wait_returns_when_complete_and_without_a_peer_after_max_wait() ->
     assert asyncio.run(main()) == (2, 0, True)
 
 
+def test_inbox_stops_waiting_for_a_peer_that_said_goodbye() -> None:
+    layout = Layout(6, 3, 2)
+
+    async def main() -> int:
+        inbox = Inbox(layout, rank=0, resync=True)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(inbox.add, packet(1, Phase.GRADIENT, 0, [1, 1]))
+        loop.call_soon(inbox.peer_gone, 2)
+        # every peer has then reached the phase: the short deadline applies, not the minute-long waits
+        slot = await inbox.wait(Phase.GRADIENT, 0, 0.01, 60.0, 60.0)
+        return slot.received
+
+    assert asyncio.run(main()) == 1
+
+
 # -- options and declarations ------------------------------------------------------------------------------
 def test_options_validate_and_name_the_key() -> None:
     assert LossyOptions.from_json({}) == LossyOptions()
