@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from harness.checks import Target, Verdict, drift_series
+from harness.checks.drift import owner_drift_series
 from harness.report_compare import (
     COMPARE_HEAD,
     CellFigures,
@@ -213,6 +214,30 @@ def plot_drift(cells: Sequence[CellResult]) -> str | None:
         ax.set_title(profile)
         ax.set_xlabel("wall time since training started (s)")
         ax.set_ylabel("max pairwise distance")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_owner_drift(cells: Sequence[CellResult]) -> str | None:
+    """Mean drift from the owners against the iteration, one panel per profile (protocols whose owners record it,
+    e.g. training under packet loss, with their no-resync control beside them); None when no cell has it."""
+    series = [(c, owner_drift_series(c.trace)) for c in cells]
+    series = [(c, s) for c, s in series if s]
+    if not series:
+        return None
+    profiles = sorted({c.trace.profile for c, _ in series})
+    fig, axes = _grid(len(profiles))
+    floor = 1e-12  # zero drift (no loss yet): drawn at the floor of the log axis
+    for ax, profile in zip(axes, profiles, strict=True):
+        for c, s in series:
+            if c.trace.profile == profile:
+                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=f"{c.trace.protocol} (s{c.trace.seed})")
+        ax.set_title(profile)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("mean ||x_i - x_owner||^2")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -465,6 +490,7 @@ def _html_compare(view: _View) -> list[str]:
     if any(r.bytes_sent for c in cells for r in c.trace.records):
         parts.append(_img("Loss against bytes sent", plot_loss_vs_bytes(_traces(view.results))))
     parts.append(_img("Drift between workers", plot_drift(cells)))
+    parts.append(_img("Drift from the owners", plot_owner_drift(cells)))
     parts += ["<h3>Every run</h3>", _html_table(SUMMARY_HEAD, _summary_rows(view))]
     stats = _stats(view)
     if stats:
