@@ -43,8 +43,7 @@ def plot_heatmap(c: Comparison, target: str) -> str | None:
     top = max(math.log2(worst), 1.0)
     values = [[math.log2(r) if r is not None else math.nan for r in row] for row in grid]
     fig, ax = plt.subplots(figsize=(1.9 + 2.0 * len(c.profiles), 0.9 + 0.55 * len(c.protocols)))
-    cmap = plt.get_cmap("RdYlGn_r").copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = plt.get_cmap("RdYlGn_r").with_extremes(bad="#d9d9d9")
     image = ax.imshow(values, cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
     for i, protocol in enumerate(c.protocols):
         for j, profile in enumerate(c.profiles):
