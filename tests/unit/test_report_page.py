@@ -14,6 +14,7 @@ import json
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -33,7 +34,8 @@ SLOWER = {"lan": 1.0, "wan-50ms-100mbit": 4.0, "lossy-1pct": 2.0}  # each profil
 BYTES_PER_STEP = {"ring": 12_000, "dpsgd": 8_000, "local_sgd": 3_000, "randk": 1_200}
 TARGET_STEP = 20  # accuracy reaches 0.9 at this step on every worker (worker w one step later per w)
 WORKERS = 4
-OWN = {"ring": {"chunks": 3}, "randk": {"density": 0.1, "kept": 650}, "dpsgd": {}, "local_sgd": {"sync_every": 4}}
+OWN: dict[str, dict[str, float]] = {
+    "ring": {"chunks": 3}, "randk": {"density": 0.1, "kept": 650}, "dpsgd": {}, "local_sgd": {"sync_every": 4}}
 
 
 def synthetic_trace(protocol: str, profile: str, seed: int) -> RunTrace:
@@ -54,17 +56,20 @@ def synthetic_trace(protocol: str, profile: str, seed: int) -> RunTrace:
                           "summaries": summaries})
 
 
-def calibration() -> list[dict[str, object]]:
+def calibration() -> list[dict[str, Any]]:
     """Plain calibration data as ``CalibrationReport.to_dict()`` writes it: lan passed, lossy-1pct failed once."""
-    def row(link: list[int], metric: str, unit: str, configured: float, measured: float, verdict: str) -> dict:
+    def row(link: list[int], metric: str, unit: str, configured: float, measured: float, *,
+            verdict: str) -> dict[str, object]:
         return {"link": link, "metric": metric, "unit": unit, "configured": configured, "measured": measured,
                 "low": configured * 0.9, "high": configured * 1.1, "verdict": verdict, "why": f"{metric} checked"}
 
     lan = {"profile": "lan", "backend": "netem", "errors": [],
-           "rows": [row([0, 1], "delay", "ms", 0.1, 0.102, "passed"), row([2, 3], "rate", "Mbit/s", 1000, 980, "passed")]}
+           "rows": [row([0, 1], "delay", "ms", 0.1, 0.102, verdict="passed"),
+                    row([2, 3], "rate", "Mbit/s", 1000, 980, verdict="passed")]}
     lossy = {"profile": "lossy-1pct", "backend": "netem", "errors": [],
-             "rows": [row([0, 1], "delay", "ms", 5.0, 5.01, "passed"), row([0, 1], "loss", "%", 1.0, 3.2, "failed"),
-                      row([2, 3], "loss", "%", 1.0, 1.1, "unknown")]}
+             "rows": [row([0, 1], "delay", "ms", 5.0, 5.01, verdict="passed"),
+                      row([0, 1], "loss", "%", 1.0, 3.2, verdict="failed"),
+                      row([2, 3], "loss", "%", 1.0, 1.1, verdict="unknown")]}
     return calibration_rows(lan) + calibration_rows(lossy)
 
 
