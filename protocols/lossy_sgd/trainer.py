@@ -17,7 +17,9 @@ Iteration ``t`` on rank ``r`` (``x``: this worker's copy of all parameters)::
 The owner's shard is the reference: the mean drift ``(1/N) sum_i ||x_i - x_owner||^2`` is the sum
 over owners of each owner's ``drift`` record field (its shard's share, measured from the probes
 that arrived, scaled up for the probe packets that were lost), recorded for the iteration it was
-measured at (``drift_at``). Stop rules: step and time budgets, each worker alone (no vote: a vote
+measured at (``drift_at``). Likewise ``grad_sq``, the squared norm of the owner's reconstructed
+shard gradient, sums over owners to ``||g||^2`` of the step (the G^2 of the analytic drift bound
+``c lr^2 G^2 p / (1 - p)``). Stop rules: step and time budgets, each worker alone (no vote: a vote
 over lossy datagrams could split the workers).
 """
 
@@ -80,7 +82,7 @@ class LossyTrainer:
         """Per-step fields: drift (when measured), stale coordinates, packets missed, drops by reason."""
         out: dict[str, Any] = {
             "drift": None, "drift_at": None, "drift_workers": None, "stale_coords": None,
-            "grad_arrived": None, "bcast_arrived": None, **self.last,
+            "grad_arrived": None, "bcast_arrived": None, "grad_sq": None, **self.last,
             "missed_fraction": _round(self.missed_fraction()),
         }
         out.update({f"dropped_{reason}": self.inbox.dropped[reason] for reason in DROP_REASONS})
@@ -144,12 +146,15 @@ class LossyTrainer:
         if opts.resync:
             start, stop = layout.shard_range(r)
             own = self._reconstruct(grad, slot, r)
+            self.last["grad_sq"] = float(own.double() @ own.double())
             self.x[start:stop] = self.optimizer.update(self.x[start:stop], own, lr)
             for peer in link.peers:
                 link.send(peer, self._packets(self.x, Phase.BROADCAST, r, t))
             self._apply_broadcasts(await self._wait(Phase.BROADCAST, t))
         else:
             full = torch.cat([self._reconstruct(grad, slot, s) for s in range(self.workers)])
+            start, stop = layout.shard_range(r)
+            self.last["grad_sq"] = float(full[start:stop].double() @ full[start:stop].double())
             self.x = self.optimizer.update(self.x, full, lr)
         now = self.clock()
         return driver.step_done(t, lr=lr, loss=loss, compute_s=t_comm - t_start, sleep_s=0.0, comm_s=now - t_comm,
