@@ -3,7 +3,10 @@
 ``drift_bounded`` (T7.2): ``fast`` (a protocol whose owners record their share of the drift, see
 :func:`harness.checks.drift.owner_drift_series`) runs on each of ``profiles`` (one seed each of
 ``seeds``); on every one its mean drift from the owners over the late window must be at most
-``at_most`` x its mid-run drift (:func:`~harness.checks.drift.owner_drift_bounded`). ``slow``, the
+``at_most`` x its mid-run drift (:func:`~harness.checks.drift.owner_drift_bounded`), and below the
+analytic bound ``c lr^2 G^2 p / (1 - p)`` (:func:`~harness.checks.drift.analytic_bound`; ``c`` =
+``params.c``, default 10; ``p`` the loss measured from the run's datagram counters; ``G^2`` the late
+window's mean squared norm of the reconstructed gradient) when the run records them. ``slow``, the
 control without resync, runs on ``params.control_profile`` (default: the first profile) and its
 late/mid drift ratio must be at least ``params.control_growth`` (it grows).
 
@@ -17,9 +20,19 @@ from __future__ import annotations
 import statistics
 
 from harness.checks import Verdict
-from harness.checks.drift import owner_drift_bounded, owner_drift_grows
-from harness.claimkinds._figures import final_accuracy
+from harness.checks.drift import analytic_bound, owner_drift_bounded, owner_drift_grows
+from harness.claimkinds._figures import final_accuracy, summaries
 from harness.claimkinds.base import Claim, ClaimKind, Runner
+from harness.trace import RunTrace
+
+
+def measured_loss(trace: RunTrace) -> float | None:
+    """1 - received / sent data datagrams over every directed link (end summaries' ``sent_to``/``received_from``)."""
+    by_rank = {s["rank"]: s for s in summaries(trace) if "sent_to" in s and "received_from" in s}
+    ranks = sorted(by_rank)
+    sent = sum(by_rank[i]["sent_to"][j] for i in ranks for j in ranks if i != j)
+    received = sum(by_rank[j]["received_from"][i] for i in ranks for j in ranks if i != j)
+    return None if sent == 0 else 1 - received / sent
 
 
 def bounded(claim: Claim, run: Runner) -> Verdict:
@@ -38,15 +51,23 @@ def bounded(claim: Claim, run: Runner) -> Verdict:
         elif v.passed is None:
             unknown.append(f"{key}: {v.why}")
 
+    c = float(claim.params.get("c", 10.0))
     for profile in claim.profiles:
         for seed in claim.seeds:
-            note(f"{profile}/{seed}", owner_drift_bounded(run(claim.spec(claim.fast, profile, seed), claim.workers),
-                                                          max_growth=growth))
+            spec = claim.spec(claim.fast, profile, seed)
+            trace = run(spec, claim.workers)
+            loss = measured_loss(trace)
+            bound = None if loss is None else analytic_bound(trace, lr=spec.lr, loss=loss, c=c)
+            verdict = owner_drift_bounded(trace, max_growth=growth, bound=bound)
+            figures = verdict.measured if isinstance(verdict.measured, dict) else {}
+            note(f"{profile}/{seed}", verdict)
+            measured[f"{profile}/{seed}"] = {**figures, "measured_loss": loss, "bound": bound}
     for seed in claim.seeds:
         note(f"control {control_profile}/{seed}",
              owner_drift_grows(run(claim.spec(claim.slow, control_profile, seed), claim.workers),
                                min_growth=control_growth))
-    expected = f"late/mid drift <= {growth:g} on {list(claim.profiles)}; the control's >= {control_growth:g}"
+    expected = (f"late/mid drift <= {growth:g} and late drift <= {c:g} lr^2 G^2 p/(1-p) on {list(claim.profiles)}; "
+                f"the control's late/mid >= {control_growth:g}")
     if failed:
         return Verdict("drift_bounded", False, measured, expected, "; ".join(failed))
     if unknown:
@@ -80,7 +101,7 @@ def _two_profiles(claim: Claim) -> None:
 
 KINDS = (
     ClaimKind("drift_bounded", frozenset({"fast", "slow", "profiles", "workers", "seeds", "run"}), bounded,
-              accepts=frozenset({"at_most"}), params=frozenset({"control_growth", "control_profile"})),
+              accepts=frozenset({"at_most"}), params=frozenset({"control_growth", "control_profile", "c"})),
     ClaimKind("loss_accuracy", frozenset({"fast", "profiles", "workers", "seeds", "run"}), accuracy,
               accepts=frozenset({"at_most"}), validate=_two_profiles),
 )

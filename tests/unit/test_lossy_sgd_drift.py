@@ -8,7 +8,13 @@ import math
 
 import pytest
 
-from harness.checks.drift import drift_growth, owner_drift_bounded, owner_drift_grows, owner_drift_series
+from harness.checks.drift import (
+    analytic_bound,
+    drift_growth,
+    owner_drift_bounded,
+    owner_drift_grows,
+    owner_drift_series,
+)
 from harness.trace import RunTrace, StepRecord
 
 OWNERS = 4
@@ -50,8 +56,19 @@ def test_bounded_drift_passes_and_growing_drift_fails() -> None:
     verdict = owner_drift_bounded(growing, max_growth=1.5)
     assert verdict.passed is False and "grows" in verdict.why
     assert owner_drift_bounded(flat, max_growth=2.0, bound=0.001).passed is False  # above the analytic bound
+    assert owner_drift_bounded(flat, max_growth=2.0, bound=0.1).passed is True
     assert owner_drift_grows(growing, min_growth=1.5).passed is True
     assert owner_drift_grows(flat, min_growth=1.5).passed is False
+
+
+def test_analytic_bound_uses_the_late_mean_of_the_summed_squared_gradients() -> None:
+    records = [StepRecord(worker=w, step=s, t=0.0, extra={"grad_sq": 0.25 * (1 if s >= 75 else 9)})
+               for s in range(1, 101) for w in range(OWNERS)]
+    tr = RunTrace(protocol="p", profile="lossy", workers=OWNERS, seed=0, backend="none", records=tuple(records))
+    # G^2 = 4 x 0.25 = 1 over the late window (steps 75.25-100): 10 x 0.2^2 x 1 x 0.1 / 0.9
+    assert analytic_bound(tr, lr=0.2, loss=0.1) == pytest.approx(10 * 0.04 * 0.1 / 0.9)
+    assert analytic_bound(tr, lr=0.2, loss=1.0) is None
+    assert analytic_bound(trace({0: 1.0}), lr=0.2, loss=0.1) is None  # nobody recorded grad_sq
 
 
 def test_too_few_points_is_unknown_not_a_pass() -> None:
