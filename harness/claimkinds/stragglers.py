@@ -6,8 +6,8 @@ threshold) run the same steps interleaved over seeds on one profile. From step `
 * step-time speed-up = mean step time of ``slow`` / of ``fast`` (medians over seeds) >= ``step_speedup``;
 * effective speed-up = step-time speed-up x (1 - drop rate) >= ``effective_speedup`` (completed samples
   per second, the paper's definition);
-* drop rate (every worker's dropped micro-batches / all micro-batches, from the end summaries'
-  ``global_drop_rate``) <= ``max_drop_rate``;
+* drop rate (every worker's dropped micro-batches / all micro-batches over the same steps, from the
+  records' ``drop_rate``) <= ``max_drop_rate``;
 * final held-out accuracy of ``fast`` >= that of ``slow`` - ``accuracy_gap``.
 
 ``straggler_overhead`` (T4.1, the scale curve): for each cluster size in ``params.workers``, the
@@ -46,8 +46,9 @@ def _step_time(trace: RunTrace, first: int) -> float | None:
     return mean_extra(steps_from(trace, first), "step_s")
 
 
-def _drop_rate(trace: RunTrace) -> float | None:
-    return median(float(v) for v in summary_values(trace, "global_drop_rate"))
+def _drop_rate(trace: RunTrace, first: int) -> float | None:
+    """Dropped micro-batches / all micro-batches over the steps from ``first`` on (every worker's records)."""
+    return mean_extra(steps_from(trace, first), "drop_rate")
 
 
 def robustness(claim: Claim, run: Runner) -> Verdict:
@@ -61,7 +62,7 @@ def robustness(claim: Claim, run: Runner) -> Verdict:
     ratios, drops, gaps = [], [], []
     for fast, slow in zip(traces[claim.fast], traces[claim.slow], strict=True):
         t_fast, t_slow = _step_time(fast, first), _step_time(slow, first)
-        drop, acc_fast, acc_slow = _drop_rate(fast), final_accuracy(fast), final_accuracy(slow)
+        drop, acc_fast, acc_slow = _drop_rate(fast, first), final_accuracy(fast), final_accuracy(slow)
         if None in (t_fast, t_slow, drop, acc_fast, acc_slow):
             return Verdict(claim.check, None, None, expected,
                            f"seed {fast.seed}: a figure is missing (step time {t_fast}/{t_slow}, drop rate {drop}, "

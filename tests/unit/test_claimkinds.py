@@ -60,7 +60,7 @@ def _trace(spec: RunSpec, workers: int, *, step_s: float, phases: list[float], m
             phase = phases[(k + w) % len(phases)]
             recs.append(StepRecord(w, k, k * step_s, accuracy=accuracy if k == 10 else None,
                                    extra={"step_s": step_s, "compute_s": phase / 2, "sleep_s": phase / 2,
-                                          "microbatch_s": micro}))
+                                          "microbatch_s": micro, "drop_rate": drop}))
     summaries = [{"global_drop_rate": drop, "micro_batches": 8, **(summary or {})} for _ in range(workers)]
     return RunTrace(spec.protocol, spec.profile, workers, spec.seed, "nfqueue", tuple(recs),
                     meta={"summaries": summaries})
