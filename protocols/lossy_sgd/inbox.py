@@ -23,6 +23,8 @@ When to stop waiting for a phase of iteration ``t`` (:meth:`Inbox.wait`), whiche
   shows nothing: with one packet per shard that happens with probability p);
 * ``max_wait_s`` after the wait began (nobody sent anything: peers gone).
 
+A peer that said goodbye (:meth:`Inbox.peer_gone`) counts as having reached every phase.
+
 Waiting for the peers' first packets keeps the workers in step: with a plain deadline from the
 start of the wait, a worker that runs a little ahead stops waiting before a slower peer has sent
 anything, and from then on gets none of that peer's packets in time.
@@ -119,13 +121,12 @@ class Inbox:
         phase, iteration = packet.phase, packet.iteration
         if self._changed is not None:
             self._changed.set()
-        progress = (iteration, LEVEL[phase])
-        self.latest[packet.sender] = max(self.latest[packet.sender], progress)
+        if iteration > self.current + self.window:
+            self.drop("future")  # and no evidence of progress either: a stray iteration number must not end waits
+            return
+        self.latest[packet.sender] = max(self.latest[packet.sender], (iteration, LEVEL[phase]))
         if iteration <= self.closed[phase]:
             self.drop("late")
-            return
-        if iteration > self.current + self.window:
-            self.drop("future")
             return
         slot = self._slot(phase, iteration)
         key = (packet.sender, packet.shard, packet.packet)

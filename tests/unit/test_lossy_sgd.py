@@ -180,3 +180,11 @@ def test_both_declarations_run_the_one_job_and_differ_in_resync() -> None:
     assert resync.config["algorithm_args"]["resync"] is True
     assert control.config["algorithm_args"]["resync"] is False
     assert "udp" in resync.needs
+
+
+def test_a_far_future_packet_is_no_evidence_that_its_sender_reached_the_phase() -> None:
+    inbox = Inbox(Layout(8, 4, 2), rank=0, resync=True, window=2)
+    inbox.add(packet(1, Phase.BROADCAST, 1 << 40, [1, 1], shard=1))
+    assert inbox.dropped["future"] == 1 and not inbox.someone_reached(Phase.GRADIENT, 0)
+    inbox.add(packet(1, Phase.GRADIENT, 0, [1, 1]))
+    assert inbox.someone_reached(Phase.GRADIENT, 0) and not inbox.everyone_reached(Phase.GRADIENT, 0)
