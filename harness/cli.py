@@ -1,18 +1,25 @@
 """The ``squall`` command.
 
 Exit codes: 0 success; 1 the thing ran and failed (a job, a check, a validation); 2 bad usage or
-input; 3 the environment is not ready (no Docker engine, no image).
+input; 3 the environment is not ready (no Docker engine, no image); 128 + the signal's number when
+stopped by a signal sent to the main process, after cancelling the jobs and tearing everything down:
+129 SIGHUP, 130 SIGINT (Ctrl-C), 143 SIGTERM (``kill``, a CI runner's cancel); 141 when the reader
+of the output went away (SIGPIPE, ``squall ... | head``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 EXIT_OK = 0
@@ -21,8 +28,58 @@ EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE (`squall ... | head`)
 MAX_WORKERS = 250  # containers in one cluster (ClusterSpec's bound)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 logger = logging.getLogger("squall")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal reached the main process: unwinds every ``with`` block (jobs cancelled, clusters
+    and shaping torn down) like Ctrl-C does; :func:`main` exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.at = time.monotonic()
+
+
+def _stop_on(signum: int, _frame: FrameType | None) -> None:
+    """Handler of SIGINT/SIGTERM/SIGHUP: say so at once, then unwind (a second signal while
+    unwinding is only reported: the teardown in progress finishes; 'squall gc' is for what it cannot)."""
+    name = signal.Signals(signum).name
+    erase = "\r\x1b[K" if _isatty(sys.stderr) else ""
+    if _stopping:
+        _say(f"{erase}squall: {name} again: teardown is under way, please wait\n")
+        return
+    _stopping.append(signum)
+    _say(f"{erase}squall: {name} received: cancelling the jobs and tearing down\n")
+    raise Interrupted(signum)
+
+
+_stopping: list[int] = []  # signals received so far in this process
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say(text: str) -> None:
+    """Write to stderr from a signal handler: straight to the file descriptor, no buffer to share."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.write(sys.stderr.fileno(), text.encode())
+
+
+def install_stop_handlers() -> dict[int, Any]:
+    """Turn SIGINT, SIGTERM and SIGHUP into :class:`Interrupted` in the main thread.
+
+    SIGINT too, explicitly: a process started in the background by a non-interactive shell
+    inherits SIGINT ignored, and Python then leaves it ignored (a CI runner's Ctrl-C did nothing).
+    """
+    _stopping.clear()
+    return {sig: signal.signal(sig, _stop_on) for sig in STOP_SIGNALS}
 
 
 def _out(text: str = "") -> None:
@@ -190,6 +247,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)
+    previous = install_stop_handlers()
+    try:
+        return _run(args)
+    finally:  # main() called in process (tests): leave the caller's handlers as they were
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from harness.cluster.errors import ClusterError, ClusterSpecError, EngineUnavailable, ImageError
@@ -205,9 +273,13 @@ def _main(argv: list[str] | None) -> int:
     except ClusterError as exc:
         logger.error("%s", exc)
         return EXIT_FAILED
+    except Interrupted as exc:
+        _say(f"squall: stopped by {signal.Signals(exc.signum).name}: jobs cancelled and everything torn down "
+             f"in {time.monotonic() - exc.at:.1f} s; exit code {128 + exc.signum}\n")
+        return 128 + exc.signum
     except KeyboardInterrupt:
         logger.error("interrupted")
-        return 130
+        return 128 + signal.SIGINT
     return code
 
 

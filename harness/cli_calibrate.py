@@ -6,6 +6,8 @@ Starts a cluster, shapes it with the profile, probes every directed link from in
 containers (UDP echo for delay, jitter and loss; TCP transfers for rates), prints configured
 against measured with a verdict per check, and tears everything down. Exit code 0 when every
 check passed, 1 otherwise (failed, unknown, or host-limited unless ``--allow-host-limited``).
+Progress (starting cluster, calibrating with the time so far, teardown) goes to stderr
+(:mod:`harness.progress`).
 
 Also runnable on its own: ``python -m harness.cli_calibrate calibrate --profile wan-5ms``.
 """
@@ -63,7 +65,9 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``squall calibrate``."""
-    from harness.calibration.runner import calibrate
+    from harness.calibration.runner import calibrate, calibration_spec
+    from harness.cluster import Cluster
+    from harness.progress import Display
 
     if args.workers is not None and args.workers < 2:
         logger.error("--workers must be at least 2 (a link needs two ends), got %d", args.workers)
@@ -72,8 +76,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         workers = args.workers or max(DEFAULT_WORKERS, profile.required_workers())
         profile.validate_for(workers)  # bad input is told before any cluster starts
-        report = calibrate(profile, workers=workers, backend=args.backend, pairs=args.pairs, quick=args.quick,
-                           at=args.at)
+        display = Display(label=f"calibrate {profile.name}")
+        try:
+            display.stage("starting cluster", f"{workers} workers")
+            with Cluster(calibration_spec(workers)) as cluster:
+                expected = "quick: fewer packets, shorter transfers" if args.quick else \
+                    "a full calibration of a shipped profile takes 30-60 s at 4 workers"
+                with display.ticking("calibrating", expected=expected):
+                    report = calibrate(profile, workers=workers, backend=args.backend, pairs=args.pairs,
+                                       quick=args.quick, at=args.at, cluster=cluster)
+                display.stage("teardown")
+        finally:
+            display.close()
     except ProfileError as exc:
         logger.error("%s", exc)
         return EXIT_USAGE

@@ -1,4 +1,9 @@
-"""``squall run``, ``squall matrix``, ``squall report`` and ``squall claims``."""
+"""``squall run``, ``squall matrix``, ``squall report`` and ``squall claims``.
+
+``run`` and ``matrix`` show live progress on stderr (:mod:`harness.progress`: a status line on a
+terminal, plain lines in a CI log); ``run`` ends with a summary (steps, time to target, loss,
+bytes sent, report path) and writes a report like ``matrix`` does.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,19 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.checks import converged
+from harness.checks import Target, converged, run_time_to_target
 from harness.claims import load_claims
 from harness.experiment import ExperimentError
 from harness.matrix import build_matrix, load_matrix_file
-from harness.report import CellResult, ClaimResult, load_results, write_report
-from harness.runner import Labs, run_matrix, stderr_progress, target_of
-from harness.trace import trace_to_json
+from harness.progress import Display
+from harness.report import CellResult, ClaimResult, Results, load_results, write_report
+from harness.runner import Labs, run_matrix, target_of
+from harness.trace import RunTrace, trace_to_json
 from protocols.catalog import PROTOCOLS
 
 
@@ -41,27 +48,79 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.target:
         run["target"] = _target(args.target)
     cell = matrix.cells()[0]
+    display = Display(label=cell.id())
+    t0 = time.monotonic()
     try:
-        with Labs(backend=args.backend) as labs:
+        with Labs(backend=args.backend, observer=display) as labs:
             from harness.experiment import RunSpec
 
             trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
                              cell.workers)
     except ExperimentError as exc:
+        display.close()
         logging.getLogger("squall").error("%s: %s", cell.id(), exc)
         return 1
+    finally:
+        display.close()
     target = target_of(run)
     verdict = converged(trace, target) if target else None
+    results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
+                                                                          (verdict,) if verdict else ()),),
+                      meta={"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
+                            "duration_s": round(time.monotonic() - t0, 1), "run": dict(run)})
+    _, page = write_report(results, args.report)
+    summary = run_summary(trace, target)
     if args.json:
-        sys.stdout.write(json.dumps({"trace": trace_to_json(trace), "verdict": verdict and verdict.line()}) + "\n")
+        sys.stdout.write(json.dumps({"trace": trace_to_json(trace), "verdict": verdict and verdict.line(),
+                                     "summary": summary, "report": str(page)}) + "\n")
     else:
-        final = [r for r in trace.records if r.accuracy is not None]
-        last = final[-1] if final else None
-        sys.stdout.write(f"{cell.id()}: backend {trace.backend}, {len(trace.records)} records, "
-                         f"{trace.duration:.1f} s" + (f", accuracy {last.accuracy:.3f}" if last else "") + "\n")
+        sys.stdout.write(format_summary(cell.id(), trace, summary, total_s=time.monotonic() - t0) + "\n")
         if verdict:
             sys.stdout.write(verdict.line() + "\n")
+        sys.stdout.write(f"report: {page}\n")
     return 0 if verdict is None or verdict.passed else 1
+
+
+def run_summary(trace: RunTrace, target: Target | None) -> dict[str, Any]:
+    """What ``squall run`` ends with: steps, time to target, losses, accuracy and bytes of one run."""
+    last = {w: trace.of(w)[-1] for w in range(trace.workers) if trace.of(w)}
+    losses = [r.loss for r in last.values() if r.loss is not None]
+    evaluated = [r for r in trace.records if r.accuracy is not None or r.eval_loss is not None]
+    final = evaluated[-1] if evaluated else None
+    return {
+        "workers": trace.workers,
+        "backend": trace.backend,
+        "steps_min": min((r.step for r in last.values()), default=0),
+        "steps_max": max((r.step for r in last.values()), default=0),
+        "training_s": round(trace.duration, 2),
+        "target": target.describe() if target else None,
+        "time_to_target_s": run_time_to_target(trace, target) if target else None,
+        "final_loss": sum(losses) / len(losses) if losses else None,
+        "final_eval_loss": final.eval_loss if final else None,
+        "final_accuracy": final.accuracy if final else None,
+        "bytes_sent": sum(r.bytes_sent for r in last.values()),
+    }
+
+
+def format_summary(cell_id: str, trace: RunTrace, s: Mapping[str, Any], *, total_s: float) -> str:
+    """The summary block of ``squall run`` (see :func:`run_summary`)."""
+    steps = f"{s['steps_max']}" if s["steps_min"] == s["steps_max"] else f"{s['steps_min']}-{s['steps_max']}"
+    if s["target"] is None:
+        ttt = "no target (--target accuracy=0.9)"
+    elif s["time_to_target_s"] is None:
+        ttt = f"{s['target']}: not reached"
+    else:
+        ttt = f"{s['target']}: {s['time_to_target_s']:.1f} s"
+    per = s["bytes_sent"] / max(1, s["workers"])
+    lines = [f"{cell_id}: {s['workers']} workers, shaping backend {s['backend']}",
+             f"  steps           {steps} per worker in {s['training_s']:.1f} s of training ({total_s:.1f} s in all)",
+             f"  time to target  {ttt}",
+             "  final loss      " + (f"{s['final_loss']:.4g} (training, mean of the workers' last steps)"
+                                     if s["final_loss"] is not None else "-")
+             + (f"; eval loss {s['final_eval_loss']:.4g}" if s["final_eval_loss"] is not None else "")
+             + (f"; accuracy {s['final_accuracy']:.3f}" if s["final_accuracy"] is not None else ""),
+             f"  bytes sent      {s['bytes_sent'] / 1e6:.2f} MB in all, {per / 1e6:.2f} MB per worker"]
+    return "\n".join(lines)
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -71,8 +130,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"{args.file}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
-    results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=stderr_progress,
-                         title=f"Squall matrix: {args.file.name}")
+    display = Display()
+    try:
+        results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
+                             title=f"Squall matrix: {args.file.name}", observer=display)
+    finally:
+        display.close()
     _, page = write_report(results, args.report)
     gates = {c.id: c.gate for c in claims}
     _summary(results.cells, results.claims, gates)
@@ -138,6 +201,7 @@ def add_subparser(sub: Any) -> None:
     run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
     run.add_argument("--json", action="store_true")
+    run.add_argument("--report", type=Path, default=Path("results/run"), help="report directory")
     run.set_defaults(func=_cmd_run)
 
     matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")

@@ -23,6 +23,7 @@ from harness.cluster.cluster import SRC_MOUNT, JobHandle
 from harness.cluster.image import REPO_ROOT as SQUALL_ROOT
 from harness.cluster.jobs import JobResult
 from harness.profiles import Profile, load_profile
+from harness.progress import Observer, Quiet
 from harness.shaping import Shaper, state_at
 from harness.timeline import Action, TimelineRunner, plan_timeline
 from harness.trace import RunTrace, build_trace
@@ -69,10 +70,13 @@ class Lab:
     """A cluster and a shaper, reused across cells."""
 
     def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
-                 cluster: Cluster | None = None, code: tuple[str, ...] = ()) -> None:
+                 cluster: Cluster | None = None, code: tuple[str, ...] = (), progress: Observer | None = None) -> None:
         """:param code: host directories holding third-party protocol packages, mounted read-only
-            into every container and put on its PYTHONPATH."""
+            into every container and put on its PYTHONPATH.
+        :param progress: told each stage (starting cluster, shaping, training, collecting,
+            teardown) and given the workers' metrics files while they train (:mod:`harness.progress`)."""
         self.workers = workers
+        self.progress: Observer = progress if progress is not None else Quiet()
         self.backend_wanted = backend
         mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
         pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
@@ -85,10 +89,12 @@ class Lab:
 
     def __enter__(self) -> Lab:
         if self.cluster is None:
+            self.progress.stage("starting cluster", f"{self.workers} workers")
             self.cluster = Cluster(self.spec).start()
         try:
             from harness.shaping import open_shaper
 
+            self.progress.stage("shaping", "choosing the backend")
             self.shaper = open_shaper(self.cluster.endpoints(), run_id=self.cluster.run_id,
                                       backend=self.backend_wanted)
         except BaseException:
@@ -107,6 +113,8 @@ class Lab:
 
     def close(self) -> None:
         """Stop shaping and (if this lab made it) remove the cluster."""
+        if self.shaper is not None or (self._own_cluster and self.cluster is not None):
+            self.progress.stage("teardown")
         try:
             if self.shaper is not None:
                 self.shaper.close()
@@ -122,6 +130,7 @@ class Lab:
         cluster, shaper = self._require()
         profile = load_profile(spec.profile)
         profile.validate_for(self.workers)
+        self.progress.stage("shaping", f"{spec.protocol} on {profile.name}")
         shaper.apply(state_at(profile, self.workers, 0.0))
         proto = lookup(spec.protocol)
         config = self._config(spec, proto.config)
@@ -134,9 +143,13 @@ class Lab:
                                    timeout=duration + GRACE_S)
         rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
                          duration=duration) if proto.rejoins else None
-        with TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper, rejoin),
-                            start=start) as timeline:
+        self.progress.stage("training", f"{spec.protocol} on {profile.name}, job {handle.job_id}")
+        files = [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
+        with self.progress.watching(files, budget_s=spec.seconds, budget_steps=spec.steps), \
+                TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper, rejoin),
+                               start=start) as timeline:
             first = handle.wait(raise_on_failure=False)
+        self.progress.stage("collecting", f"{spec.protocol} on {profile.name}")
         later = rejoin.wait() if rejoin is not None else []
         lives = incarnations(first, later)
         results = [runs[-1] for runs in lives]  # each node's last run says whether it survived

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -180,7 +180,7 @@ def choose_mode(stream: TextIO, env: Mapping[str, str] | None = None) -> str:
 def _fmt_s(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     return f"{minutes} min {sec:02d} s"
 
 
@@ -215,6 +215,8 @@ def training_text(snapshot: Snapshot, *, budget_s: float | None, budget_steps: i
 class Observer(Protocol):
     """What the experiment layer tells about a run (the display, or nothing)."""
 
+    label: str  # what is running (a matrix cell's id), shown before each stage
+
     def stage(self, name: str, detail: str = "") -> None: ...
 
     def watching(self, paths: Sequence[Path], *, budget_s: float | None,
@@ -230,8 +232,13 @@ class Display:
 
     def __init__(self, stream: TextIO | None = None, *, mode: str | None = None, label: str = "",
                  clock: Callable[[], float] = time.monotonic, plain_interval_s: float = PLAIN_INTERVAL_S,
-                 tty_interval_s: float = TTY_INTERVAL_S, prefix: str = "squall: ") -> None:
-        self.stream = stream if stream is not None else sys.stderr
+                 tty_interval_s: float = TTY_INTERVAL_S, prefix: str = "squall: ",
+                 guard: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        """:param stream: where to write; None: ``sys.stderr`` as it is at each write.
+        :param guard: entered around each write (the pytest plugin: the capture manager's
+            ``global_and_fixture_disabled``, so a cell's progress reaches the terminal)."""
+        self._stream = stream
+        self.guard = guard
         self.mode = mode if mode is not None else choose_mode(self.stream)
         if self.mode not in MODES:
             raise ValueError(f"progress mode must be one of {', '.join(MODES)}, got {self.mode!r}")
@@ -301,6 +308,31 @@ class Display:
             stop.set()
             thread.join(timeout=2 * POLL_S)
 
+    @contextmanager
+    def ticking(self, name: str, *, expected: str = "") -> Iterator[None]:
+        """A stage with no step counter (a calibration's probes): its elapsed time, redrawn or printed
+        at the display's rate until the block ends; ``expected`` says how long such a stage takes."""
+        self.stage(name, expected)
+        if self.mode == "off":
+            yield
+            return
+        stop = threading.Event()
+        t0 = self.clock()
+
+        def loop() -> None:
+            while not stop.wait(POLL_S):
+                with self._lock:
+                    self._show(self._text(f"{name}: {_fmt_s(self.clock() - t0)} so far"
+                                          + (f" ({expected})" if expected else "")), force=False)
+
+        thread = threading.Thread(target=loop, name="squall-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=2 * POLL_S)
+
     # -- rendering -------------------------------------------------------------------------------
     def _text(self, body: str) -> str:
         return (f"{self.label}: " if self.label else "") + body
@@ -321,16 +353,24 @@ class Display:
         else:
             self._write(self.prefix + text + "\n")
 
+    @property
+    def stream(self) -> TextIO:
+        """The stream written to now."""
+        return self._stream if self._stream is not None else sys.stderr
+
     def _write(self, text: str) -> None:
         try:
-            self.stream.write(text)
-            self.stream.flush()
+            with self.guard() if self.guard is not None else nullcontext():
+                self.stream.write(text)
+                self.stream.flush()
         except (OSError, ValueError):  # a closed or broken stream: progress is not worth a crash
             pass
 
 
 class Quiet:
     """An :class:`Observer` that shows nothing (the default of the experiment layer)."""
+
+    label = ""
 
     def stage(self, name: str, detail: str = "") -> None:
         """Nothing."""
@@ -342,10 +382,17 @@ class Quiet:
         yield None
 
 
-def cell_progress(label: str, stream: TextIO | None = None) -> Display:
-    """A display for one pytest-plugin cell: ``Lab(..., progress=cell_progress(cell_id))``.
+def cell_progress(label: str, *, guard: Callable[[], AbstractContextManager[Any]] | None = None) -> Display:
+    """A display for pytest-plugin cells, written to the terminal pytest started on.
 
-    Pytest captures stdout/stderr of tests, so the plugin passes the terminal reporter's stream
-    (or ``sys.__stderr__``) to be seen while the cell runs.
+    The plugin's hook is one line where it makes a lab::
+
+        Lab(..., progress=cell_progress(nodeid, guard=config.pluginmanager.getplugin("capturemanager")
+                                                      .global_and_fixture_disabled))
+
+    (and ``lab.progress.label = item.nodeid`` before each cell on a shared lab). Pytest captures
+    the tests' output; the guard lifts the capture around each write. The mode follows the real
+    stderr (``sys.__stderr__``): a status line on a terminal, plain lines in a CI log.
     """
-    return Display(stream if stream is not None else sys.__stderr__, label=label)
+    mode = choose_mode(sys.__stderr__) if sys.__stderr__ is not None else "off"
+    return Display(None, mode=mode, label=label, guard=guard)

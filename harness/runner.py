@@ -2,7 +2,8 @@
 
 Cells are grouped by cluster size; each size gets one :class:`~harness.experiment.Lab` (one set of
 containers, reshaped between cells). Every cell gets the ``converged`` check when the run has a
-target; claims are evaluated on the same labs. Progress goes to a callback, one line per cell.
+target; claims are evaluated on the same labs. Progress goes to a callback, one line per cell, and
+(with an ``observer``, :class:`harness.progress.Display`) live: each cell's stage and training.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harness.checks import Target, Verdict, converged
 from harness.claims import Claim, evaluate
 from harness.experiment import ExperimentError, Lab, RunSpec, code_dir_of
 from harness.matrix import Cell, Matrix
+from harness.progress import Observer
 from harness.report import CellResult, ClaimResult, Results
 from harness.trace import RunTrace
 
@@ -35,15 +37,17 @@ def stderr_progress(line: str) -> None:
 class Labs:
     """One lab per (cluster size, third-party code), started on first use, all closed at the end."""
 
-    def __init__(self, *, backend: str | None) -> None:
+    def __init__(self, *, backend: str | None, observer: Observer | None = None) -> None:
         self.backend = backend
+        self.observer = observer
         self._labs: dict[tuple[int, tuple[str, ...]], Lab] = {}
 
     def get(self, workers: int, protocol: str) -> Lab:
         code = code_dir_of(protocol)
         key = (workers, (code,) if code else ())
         if key not in self._labs:
-            self._labs[key] = Lab(workers=workers, backend=self.backend, code=key[1]).__enter__()
+            self._labs[key] = Lab(workers=workers, backend=self.backend, code=key[1],
+                                  progress=self.observer).__enter__()
         return self._labs[key]
 
     def run(self, spec: RunSpec, workers: int) -> RunTrace:
@@ -81,19 +85,28 @@ def target_of(run: Mapping[str, Any]) -> Target | None:
 
 
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
-               progress: Progress = logger.info, title: str = "Squall matrix") -> Results:
-    """Run every cell (and claim) and collect the results for the report."""
+               progress: Progress = logger.info, title: str = "Squall matrix",
+               observer: Observer | None = None) -> Results:
+    """Run every cell (and claim) and collect the results for the report.
+
+    :param progress: gets one line per cell and claim (its verdict).
+    :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
+    """
     cells: list[CellResult] = []
     claim_results: list[ClaimResult] = []
     target = target_of(run)
     todo = matrix.cells()
     t0 = time.monotonic()
-    with Labs(backend=backend) as labs:
+    with Labs(backend=backend, observer=observer) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
+            if observer is not None:
+                observer.label = f"[{k}/{len(todo)}] {cell_id}"
             cells.append(_run_cell(labs, cell, run, target, cell_id=cell_id, tag=f"[{k}/{len(todo)}] {cell_id}",
                                    progress=progress))
         for claim in claims:
+            if observer is not None:
+                observer.label = f"claim {claim.id}"
             progress(f"claim {claim.id}: {claim.fast} vs {claim.slow} on {', '.join(claim.profiles)}, "
                      f"{claim.workers} workers, seeds {list(claim.seeds)}")
             result = evaluate(claim, labs.run)

@@ -21,6 +21,7 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 SRC_MOUNT = "/squall/src"  # the project's code, read-only
 RUN_MOUNT = "/squall/run"  # this node's directory: agent socket and job outputs
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes
+CANCEL_S = 1.0  # seconds an agent gets to cancel a job when the run is stopped
 T = TypeVar("T")
 
 
@@ -96,10 +98,16 @@ class JobHandle:
         self.job_id = job_id
         self.nodes = nodes
         self.deadline = time.monotonic() + timeout
+        self._stop = threading.Event()
 
     def wait(self, *, raise_on_failure: bool = True) -> list[JobResult]:
-        """Block until every node finished or the deadline passed (then cancel); return the results."""
-        results = self.cluster._parallel([partial(self._wait_one, i) for i in self.nodes])
+        """Block until every node finished or the deadline passed (then cancel); return the results.
+
+        Interrupted (SIGINT, SIGTERM: a ``BaseException`` in this thread), it cancels the job on
+        every node and returns at once, without waiting for the jobs to end on their own: the
+        waiting threads used to be joined, which kept a stopped run training to the end of its budget.
+        """
+        results = self.cluster._parallel([partial(self._wait_one, i) for i in self.nodes], interrupt=self.cancel)
         bad = [r for r in results if not r.ok]
         if bad and raise_on_failure:
             raise JobError(f"job {self.job_id} failed on {len(bad)} of {len(results)} nodes:\n  "
@@ -110,7 +118,7 @@ class JobHandle:
         node = self.cluster.nodes[index]
         out_dir = node.run_dir / "jobs" / self.job_id
         try:
-            while True:
+            while not self._stop.is_set():
                 left = self.deadline - time.monotonic()
                 answer = node.agent.checked({"cmd": "wait", "job_id": self.job_id, "timeout": max(0.0, min(left, 5))},
                                             timeout=max(left, 0) + 10)
@@ -121,8 +129,31 @@ class JobHandle:
                     return JobResult(index, self.job_id, "timeout", answer.get("exit_code"),
                                      answer.get("duration_s"), out_dir)
         except JobError as exc:
-            logger.warning("node %d lost job %s: %s", index, self.job_id, exc)
-            return JobResult(index, self.job_id, "lost", None, None, out_dir)
+            if not self._stop.is_set():
+                logger.warning("node %d lost job %s: %s", index, self.job_id, exc)
+                return JobResult(index, self.job_id, "lost", None, None, out_dir)
+        return JobResult(index, self.job_id, "cancelled", None, None, out_dir)
+
+    def cancel(self) -> None:
+        """Kill the job on every node now (the agents SIGKILL its process group); errors are logged.
+
+        The waits under way end at once: each agent answers a parked wait when its job ends.
+        """
+        self._stop.set()
+        t0 = time.monotonic()
+
+        def one(index: int) -> None:
+            try:
+                self.cluster.nodes[index].agent.checked({"cmd": "cancel", "job_id": self.job_id}, timeout=CANCEL_S)
+            except (JobError, ValueError, IndexError) as exc:  # a dead node's job is gone anyway
+                logger.debug("cancelling job %s on node %d: %s", self.job_id, index, exc)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in self.nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=CANCEL_S)
+        logger.info("job %s cancelled on %d nodes in %.2f s", self.job_id, len(self.nodes), time.monotonic() - t0)
 
 
 class Cluster:
@@ -144,6 +175,7 @@ class Cluster:
         self._job_ids = itertools.count(1)
         self._closed = False
         self._started = False
+        self._stop = threading.Event()  # set when start-up is interrupted: stop waiting for agents
 
     # -- context manager --------------------------------------------------------------------------
     def __enter__(self) -> Cluster:
@@ -187,7 +219,7 @@ class Cluster:
             assert self.subnet is not None
             self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)])
             deadline = time.monotonic() + self.spec.ready_timeout_s
-            self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes])
+            self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes], interrupt=self._stop.set)
         except ENGINE_ERRORS as exc:
             self._close_quietly()
             raise ClusterError(f"cluster {self.run_id}: the Docker engine failed while creating it: {exc}") from exc
@@ -292,7 +324,9 @@ class Cluster:
 
     def _await_agent(self, node: Node, deadline: float) -> None:
         while time.monotonic() < deadline:
-            if node.agent.wait_ready(min(deadline, time.monotonic() + 1.0)) is not None:
+            if self._stop.is_set():
+                raise ClusterError(f"start-up of {node.name} was interrupted")
+            if node.agent.wait_ready(min(deadline, time.monotonic() + 0.25)) is not None:
                 return
             state = self.client.api.inspect_container(node.container_id)["State"]
             if not state.get("Running"):
@@ -469,11 +503,25 @@ class Cluster:
 
     # -- helpers ----------------------------------------------------------------------------------
     @staticmethod
-    def _parallel(calls: Iterable[Callable[[], T]]) -> list[T]:
-        """Run ``calls`` in threads; return results in order; re-raise the first failure."""
+    def _parallel(calls: Iterable[Callable[[], T]], *, interrupt: Callable[[], None] | None = None) -> list[T]:
+        """Run ``calls`` in threads; return results in order; re-raise the first failure.
+
+        With ``interrupt``: when this thread is interrupted (SIGINT/SIGTERM raise here), call it (it
+        makes the calls return soon) and re-raise at once instead of joining the threads; without,
+        the calls are waited for (they are short, and what they create must be known to teardown).
+        """
         calls = list(calls)
         if not calls:
             return []
-        with ThreadPoolExecutor(max_workers=min(16, len(calls))) as pool:
+        pool = ThreadPoolExecutor(max_workers=min(16, len(calls)))
+        join = True
+        try:
             futures = [pool.submit(c) for c in calls]
             return [f.result() for f in futures]
+        except BaseException as exc:
+            if interrupt is not None and not isinstance(exc, Exception):
+                join = False
+                interrupt()
+            raise
+        finally:
+            pool.shutdown(wait=join, cancel_futures=not join)

@@ -14,7 +14,8 @@ class JobResult:
 
     node: int  # node index
     job_id: str  # the job's id
-    state: str  # "done"; "timeout" (cancelled at the deadline); "lost" (the agent went away)
+    state: str  # "done"; "timeout" (cancelled at the deadline); "lost" (the agent went away);
+    # "cancelled" (the run was stopped, e.g. by SIGINT/SIGTERM, and the job killed)
     exit_code: int | None  # the worker's exit code when done
     duration_s: float | None  # wall time of the worker process, from the agent
     out_dir: Path  # host path of the job's output directory
