@@ -79,7 +79,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         display = Display(label=f"calibrate {profile.name}")
         try:
             display.stage("starting cluster", f"{workers} workers")
-            with Cluster(calibration_spec(workers)) as cluster:
+            with display.logging_above(), Cluster(calibration_spec(workers)) as cluster:
                 expected = "quick: fewer packets, shorter transfers" if args.quick else \
                     "a full calibration of a shipped profile takes 30-60 s at 4 workers"
                 with display.ticking("calibrating", expected=expected):

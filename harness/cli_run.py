@@ -51,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     display = Display(label=cell.id())
     t0 = time.monotonic()
     try:
-        with Labs(backend=args.backend, observer=display) as labs:
+        with display.logging_above(), Labs(backend=args.backend, observer=display) as labs:
             from harness.experiment import RunSpec
 
             trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
@@ -132,8 +132,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
     display = Display()
     try:
-        results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
-                             title=f"Squall matrix: {args.file.name}", observer=display)
+        with display.logging_above():
+            results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
+                                 title=f"Squall matrix: {args.file.name}", observer=display)
     finally:
         display.close()
     _, page = write_report(results, args.report)

@@ -333,6 +333,33 @@ class Display:
             stop.set()
             thread.join(timeout=2 * POLL_S)
 
+    @contextmanager
+    def logging_above(self) -> Iterator[None]:
+        """On a terminal, erase the status line before each log record the root logger's handlers
+        print, so log lines do not run into it (it is drawn again with the next update)."""
+        if self.mode != "tty":
+            yield
+            return
+        display = self
+
+        class _Above(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                with display._lock:
+                    if display._status:
+                        display._write(ERASE_LINE)
+                        display._status = ""
+                return True
+
+        above = _Above()
+        handlers = list(logging.getLogger().handlers)
+        for handler in handlers:
+            handler.addFilter(above)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(above)
+
     # -- rendering -------------------------------------------------------------------------------
     def _text(self, body: str) -> str:
         return (f"{self.label}: " if self.label else "") + body

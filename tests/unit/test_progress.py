@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import sys
@@ -250,3 +251,19 @@ def test_a_plugin_cell_writes_through_the_guard(monkeypatch: pytest.MonkeyPatch)
     assert entered == ["in", "in"]
     assert seen.getvalue().splitlines() == ["squall: tests/test_mine.py::test_cell[ring-lan]: training (job j0001)",
                                             "done"]
+
+
+def test_log_lines_do_not_run_into_the_status_line() -> None:
+    out = FakeTty()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        display = Display(out, mode="tty")
+        with display.logging_above():
+            display.stage("training")
+            logging.getLogger("harness.test").warning("a log line")
+        logging.getLogger("harness.test").warning("after")
+    finally:
+        root.removeHandler(handler)
+    assert out.getvalue() == ERASE_LINE + "squall: training" + ERASE_LINE + "a log line\nafter\n"
