@@ -71,6 +71,11 @@ def train(workers: int, steps: int, options: LossyOptions, *, p: float = 0.0
                                          write=lambda r=r, **f: records[r].append(f)))
         try:
             results = await asyncio.gather(*(t.run() for t in trainers))
+            for _ in range(500):  # datagrams still in the sockets' buffers: let the loop read them (poll, <= 5 s)
+                if all(links[j].counters[i].messages_received == links[i].counters[j].messages_sent
+                       - links[i].hook_dropped[j] for j in range(workers) for i in links[j].peers):
+                    break
+                await asyncio.sleep(0.01)
         finally:
             for link in links:
                 await link.close()
