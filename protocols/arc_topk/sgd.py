@@ -1,5 +1,5 @@
-"""ARC-Top-K as a training algorithm: :class:`~protocols.common.compress.CompressedSGD` whose aggregation
-runs the paper's two all-reduces over our ring.
+"""ARC-Top-K as a training algorithm: :class:`~protocols.common.compress.CompressedSGD` over
+:func:`protocols.collectives.sparse.arc_allreduce` (the paper's two all-reduces over our ring).
 
 Per step ``t`` (every rank alike): ``V`` from ``shared_seed(seed, t)``; ring all-reduce (mean) of the
 sketch ``G_i V``; the top rows of the mean sketch; ring all-reduce (mean) of the selected rows; scatter.
@@ -20,21 +20,17 @@ from typing import Any
 import torch
 
 from protocols.collectives import ring_allreduce
+from protocols.collectives.sparse import arc_allreduce
 from protocols.common.algorithms.base import Algorithm
 from protocols.common.compress import CompressedSGD
 from protocols.common.compress import arc as maths
 from protocols.common.compress.feedback import Aggregate, feedback_options
-from protocols.common.compress.randk import shared_seed
 from protocols.common.optim import Sgd
 from protocols.transport import Transport
 
 NAME = "arc_topk"  # the protocol's and the algorithm's name
-#: Tags of the sketch's ring ("ARCS"), the rows' ring ("ARCR") and the dense first step's ("ARCD").
-SKETCH_TAG = 0x41524353
-ROWS_TAG = 0x41524352
+#: Tag of the dense first step's ring ("ARCD").
 DENSE_TAG = 0x41524344
-#: Salt of the per-step sketch seed.
-SALT = 0x4152
 #: Bytes of a message header plus a 1-d tensor descriptor.
 MESSAGE_OVERHEAD = 48 + 16
 
@@ -73,21 +69,12 @@ def arc_aggregate(transport: Transport, config: ArcConfig) -> Aggregate:
     plans: dict[int, tuple[maths.Segment, ...]] = {}
 
     async def aggregate(vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = vector.detach().reshape(-1).to(torch.float32).numpy()
-        segments = plans.get(flat.size)
+        numel = vector.numel()
+        segments = plans.get(numel)
         if segments is None:
-            segments = plans[flat.size] = maths.plan(flat.size, shapes=config.shapes, cols=config.cols)
-        sketches = maths.sketch_matrices(segments, config.rank, shared_seed(config.seed, round, SALT))
-        sketch = torch.from_numpy(maths.local_sketch(flat, segments, sketches))
-        mean_sketch = await ring_allreduce(transport, sketch, round=round, op="mean", tag=SKETCH_TAG,
-                                           timeout=config.timeout)
-        selection = maths.select(mean_sketch.numpy(), segments, config.ratio, config.rank)
-        rows = maths.gather_rows(flat, segments, selection)
-        mean_rows = await ring_allreduce(transport, torch.from_numpy(rows), round=round, op="mean", tag=ROWS_TAG,
-                                         timeout=config.timeout)
-        local = maths.scatter_rows(rows, segments, selection, flat.size)
-        mean = maths.scatter_rows(mean_rows.numpy(), segments, selection, flat.size)
-        return torch.from_numpy(local).view_as(vector), torch.from_numpy(mean).view_as(vector)
+            segments = plans[numel] = maths.plan(numel, shapes=config.shapes, cols=config.cols)
+        return await arc_allreduce(transport, vector, segments=segments, ratio=config.ratio, rank=config.rank,
+                                   seed=config.seed, round=round, timeout=config.timeout)
 
     return aggregate
 

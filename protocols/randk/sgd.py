@@ -1,7 +1,7 @@
-"""Rand-K as a training algorithm: :class:`~protocols.common.compress.CompressedSGD` whose aggregation
-picks the step's shared coordinates (:func:`~protocols.common.compress.randk.shared_indices` from the
-run's ``seed`` and the step), ring-all-reduces their values (index-free, ``2 (n-1)/n 4 k`` bytes per
-worker) and scatters them back, scaled by ``d/k`` when unbiased.
+"""Rand-K as a training algorithm: :class:`~protocols.common.compress.CompressedSGD` over
+:func:`protocols.collectives.sparse.randk_allreduce` (the step's shared coordinates from the run's
+``seed`` and the step, their values ring-all-reduced without indices, ``2 (n-1)/n 4 k`` bytes per
+worker, scattered back, scaled by ``d/k`` when unbiased).
 
 Without error feedback the scaling is what makes the average unbiased; with error feedback the
 unscaled (contractive in expectation, ``delta = k/d``) form is the one EF is analysed for, so
@@ -13,24 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from protocols.collectives import ring_allreduce
+from protocols.collectives.sparse import randk_allreduce
 from protocols.common.algorithms.base import Algorithm
 from protocols.common.compress import CompressedSGD
 from protocols.common.compress.feedback import Aggregate, feedback_options
-from protocols.common.compress.randk import shared_indices, shared_seed
-from protocols.common.compress.topk import count_for
 from protocols.common.optim import Sgd
 from protocols.transport import Transport
 
 NAME = "randk"  # the protocol's and the algorithm's name
-#: Tags of the values' ring ("RNDK") and of the dense first step's ("RNDD").
-VALUES_TAG = 0x524E444B
+#: Tag of the dense first step's ring ("RNDD").
 DENSE_TAG = 0x524E4444
-#: Salt of the per-step seed, so Rand-K and other seeded draws of one run differ.
-SALT = 0x524E
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +48,8 @@ def randk_aggregate(transport: Transport, config: RandKConfig) -> Aggregate:
     """``vector -> (its Rand-K, the mean of every rank's)`` by an index-free ring all-reduce."""
 
     async def aggregate(vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = vector.detach().reshape(-1).to(torch.float32).numpy()
-        k = count_for(flat.size, config.ratio)
-        idx = shared_indices(flat.size, k, shared_seed(config.seed, round, SALT))
-        values = np.ascontiguousarray(flat[idx])
-        mean_values = await ring_allreduce(transport, torch.from_numpy(values), round=round, op="mean",
-                                           tag=VALUES_TAG, timeout=config.timeout)
-        scale = np.float32(flat.size / k if config.unbiased and k else 1.0)
-        local, mean = np.zeros(flat.size, dtype=np.float32), np.zeros(flat.size, dtype=np.float32)
-        local[idx] = values * scale
-        mean[idx] = mean_values.numpy() * scale
-        return torch.from_numpy(local).view_as(vector), torch.from_numpy(mean).view_as(vector)
+        return await randk_allreduce(transport, vector, ratio=config.ratio, seed=config.seed, round=round,
+                                     unbiased=config.unbiased, timeout=config.timeout)
 
     return aggregate
 

@@ -1,6 +1,6 @@
 """Top-K with all-gather as a training algorithm: :class:`~protocols.common.compress.CompressedSGD`
-whose aggregation encodes the vector with :class:`~protocols.common.compress.TopK`, all-gathers the
-payloads and averages their decodings (in rank order, so every rank gets the same bits).
+over :func:`protocols.collectives.sparse.topk_allgather` (every rank's Top-K payload, values and
+indices, all-gathered and averaged in rank order, so every rank gets the same bits).
 """
 
 from __future__ import annotations
@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from protocols.collectives import ring_allreduce
-from protocols.collectives.allgather import allgather_compressed
+from protocols.collectives.sparse import topk_allgather
 from protocols.common.algorithms.base import Algorithm
-from protocols.common.compress import CompressedSGD, TopK
+from protocols.common.compress import CompressedSGD
 from protocols.common.compress.feedback import Aggregate, feedback_options
 from protocols.common.optim import Sgd
 from protocols.transport import Transport
@@ -38,19 +37,9 @@ class TopKConfig:
 
 def topk_aggregate(transport: Transport, config: TopKConfig) -> Aggregate:
     """``vector -> (its Top-K, the mean of every rank's Top-K)`` by all-gather."""
-    compressor = TopK(ratio=config.ratio)
-    n = transport.world_size
 
     async def aggregate(vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = vector.detach().reshape(-1).to(torch.float32).numpy()
-        payload = compressor.encode(flat)
-        payloads = await allgather_compressed(transport, payload, TopK.schema, round=round, timeout=config.timeout)
-        mean = np.zeros(flat.size, dtype=np.float32)
-        for p in payloads:  # rank order: the same sum on every rank; indices are distinct within a payload
-            mean[np.asarray(p.arrays["indices"], dtype=np.int64)] += np.asarray(p.arrays["values"], dtype=np.float32)
-        mean /= np.float32(n)
-        local = compressor.decode(payload).values
-        return torch.from_numpy(local).view_as(vector), torch.from_numpy(mean).view_as(vector)
+        return await topk_allgather(transport, vector, ratio=config.ratio, round=round, timeout=config.timeout)
 
     return aggregate
 
