@@ -59,6 +59,10 @@ bench-allreduce: image
 	@$(PY) benchmarks/allreduce.py --workers 4,8 --sizes 4KB,1MB,16MB,64MB --profiles lan,wan-5ms,thin-100mbit \
 		--json results/bench-allreduce.json
 
+bench-compression: image
+	@$(PY) benchmarks/compression.py --workers 4 --sizes 1MB,4MB --profiles thin-20mbit,thin-100mbit \
+		--json results/bench-compression.json
+
 # Coverage-guided fuzzing of every decoder (fuzz/README.md): FUZZ_RUNS inputs per target, or
 # FUZZ_SECONDS per target when set (0: no time limit); table on stdout, results/fuzz.json.
 FUZZ_RUNS ?= 1000000
