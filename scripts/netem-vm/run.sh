@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Boot a stock Debian kernel (it has sch_netem) under QEMU TCG with the host's root shared
+# read-only over 9p, run a command in this repository inside it, and power off.
+#
+#   scripts/netem-vm/run.sh                 the netem backend's suite (scripts/netem-vm/guest.sh)
+#   scripts/netem-vm/run.sh -- CMD ARGS...  any command, run in the repository inside the guest
+#
+# The guest writes what it measured to $NETEM_VM_OUT (default $NETEM_VM_CACHE/out, emptied first),
+# which it sees as /tmp/netem-vm-out; the console goes to console.log there and the command's exit
+# code to exit_code. This script exits with the guest command's exit code (1 if none came back).
+# TCG, not KVM: nested KVM hangs at boot on the machines this was measured on (DESIGN.md section 7).
+# NETEM_VM_TIMEOUT (s, default 420) bounds the whole VM; NETEM_VM_SMP (2) and NETEM_VM_MEM (2048 MB).
+set -euo pipefail
+
+log() { printf 'netem-vm: %s\n' "$*" >&2; }
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+CACHE="${NETEM_VM_CACHE:-$REPO/.cache/netem-vm}"
+OUT="${NETEM_VM_OUT:-$CACHE/out}"
+TIMEOUT="${NETEM_VM_TIMEOUT:-420}"
+
+if [ "${1:-}" = "--" ]; then
+    shift
+fi
+if [ $# -eq 0 ]; then
+    set -- sh scripts/netem-vm/guest.sh
+fi
+
+mapfile -t built < <(NETEM_VM_CACHE="$CACHE" "$HERE/prepare.sh")
+VMLINUZ="${built[0]}"
+INITRD="${built[1]}"
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+printf '%q ' "$@" >"$OUT/cmd"
+echo >>"$OUT/cmd"
+
+log "booting $(basename "$VMLINUZ") under TCG; results in $OUT"
+t0=$(date +%s%N)
+rc=0
+# NETEM_VM_ICOUNT=<shift>: the guest's clock counts executed instructions (2^shift ns each) instead of
+# following the host's, so a host stall or TCG's slowness never shows as delay (one TCG thread then).
+if [ -n "${NETEM_VM_ICOUNT:-}" ]; then
+    ACCEL=(-accel tcg -icount "shift=${NETEM_VM_ICOUNT},sleep=off")
+else
+    ACCEL=(-accel tcg,thread=multi)
+fi
+timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 \
+    "${ACCEL[@]}" -cpu "${NETEM_VM_CPU:-max}" -smp "${NETEM_VM_SMP:-2}" -m "${NETEM_VM_MEM:-2048}" \
+    -nographic -no-reboot -nodefaults -serial stdio -monitor none \
+    -kernel "$VMLINUZ" -initrd "$INITRD" \
+    -append "console=ttyS0 panic=-1 edd=off quiet loglevel=3 squall.repo=$REPO CI=${CI:-true}" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$OUT,mount_tag=out,security_model=none,multidevs=remap" \
+    </dev/null >"$OUT/console.log" 2>&1 || rc=$?
+t1=$(date +%s%N)
+ms=$(( (t1 - t0) / 1000000 ))
+printf '%d.%03d\n' $((ms / 1000)) $((ms % 1000)) >"$OUT/vm_wall_s"
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    log "the VM ran past ${TIMEOUT} s and was killed; console tail:"
+    tail -20 "$OUT/console.log" >&2
+    exit 1
+fi
+if [ ! -s "$OUT/exit_code" ]; then
+    log "the guest left no exit code (qemu exit $rc); console tail:"
+    tail -20 "$OUT/console.log" >&2
+    exit 1
+fi
+code="$(cat "$OUT/exit_code")"
+log "guest command exited $code after $(cat "$OUT/vm_wall_s") s of VM wall time"
+exit "$code"

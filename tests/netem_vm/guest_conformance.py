@@ -1,0 +1,75 @@
+"""The shaping conformance suite and a calibration, netem backend, inside the netem VM (no Docker).
+
+Run by ``scripts/netem-vm/guest.sh`` inside the guest only (its name does not start with ``test_``,
+so the host's pytest never collects it). Every test of
+``tests/integration/test_shaping_conformance.py`` is imported unchanged (same probes, same verdict
+functions, same tolerances); only two fixtures differ: ``cluster`` is four plain namespaces on a
+bridge with an agent each (:mod:`tests.netem_vm.nscluster`) instead of containers, and ``shaper``
+is the netem backend only (the guest kernel has ``sch_netem``; the nfqueue backend is tested on
+the host). TCG's own cost on a packet's path is in the unshaped ``baseline`` the delay checks
+subtract, as on the host. After the suite, ``calibrate`` runs on the same hosts (its JSON report
+goes to the results share), with the suite's shaper closed first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.calibration import runner as calibration_runner
+from harness.calibration.judge import Baseline
+from harness.calibration.verdicts import CalibrationOutcome
+from harness.shaping import Shaper, open_shaper
+from tests.integration import test_shaping_conformance as suite
+from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
+    baseline,
+    mixed,
+    phase_run,
+    rates,
+    test_a_partition_blocks_and_a_heal_restores,
+    test_a_per_pair_setting_changes_only_that_pair,
+    test_a_phase_takes_effect_within_100_ms,
+    test_delay_mean,
+    test_jitter_sd,
+    test_links_without_settings_stay_untouched,
+    test_loss_inside_the_99_percent_binomial_region,
+    test_rate,
+)
+from tests.netem_vm.nscluster import NamespaceCluster
+
+OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
+CALIBRATED = ("wan-5ms", "lossy-1pct", "thin-20mbit")  # the profiles issue 14 names
+CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # a quick calibration of two directions (the suite covers the rest)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[NamespaceCluster]:
+    """Name: cluster. Scope: module. Four namespaces on a bridge, an agent in each (no Docker in the VM)."""
+    with NamespaceCluster(suite.N) as c:
+        yield c
+
+
+@pytest.fixture(scope="module", params=["netem"])
+def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster,
+           baseline: Baseline) -> Iterator[Shaper]:  # noqa: F811  (the suite's fixture, by name)
+    """Name: shaper. Scope: module. Depends: cluster, baseline. The netem backend; closed after its tests."""
+    s = open_shaper(cluster.endpoints(), run_id=f"{cluster.run_id}{request.param[0]}", backend=request.param)
+    assert s.backend == request.param
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("profile", CALIBRATED)
+def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str) -> None:
+    shaper.close()  # the suite is done with it; calibrate() opens its own on the same hosts
+    report = calibration_runner.calibrate(profile, workers=suite.N, backend="netem", pairs=CALIBRATED_PAIRS,
+                                          quick=True, cluster=cluster)  # type: ignore[arg-type]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"calibration-{profile}.json").write_text(report.to_json())
+    assert report.backend == "netem"
+    assert report.verdict == CalibrationOutcome.PASSED, report.format()
