@@ -66,17 +66,25 @@ def payload_bytes(numel: int, bits: int, group: int) -> int:
     return wire_size(SCHEMA, [-(-numel * bits // 8), count, count])
 
 
-def lowbit_bytes_per_rank(numel: int, world_size: int, bits: int, group: int, rank: int = 0) -> int:
-    """Bytes ``rank`` sends in one low-bit all-reduce (two-step or ring), message headers included.
+def lowbit_bytes_per_rank(numel: int, world_size: int, bits: int, group: int, rank: int = 0, *,
+                          ring: bool = False) -> int:
+    """Bytes ``rank`` sends in one low-bit all-reduce, message headers included.
 
-    Two-step: it scatters every other rank's segment and gathers its own to the ``n - 1`` others.
-    Ring: it sends one segment per step, ``2 (n - 1)`` steps; with segments of equal size the two agree.
+    Two-step: it scatters every other rank's segment once and gathers its own to the ``n - 1`` others.
+    Per-hop ring (``ring``): one segment per step, the ring's ``2 (n - 1)`` steps. With segments of
+    equal size the two agree: ``2 (n - 1)`` payloads of ``numel / n`` elements.
     """
     bounds = segment_bounds(numel, world_size, group)
     size = [bounds[j + 1] - bounds[j] for j in range(world_size)]
-    own = size[rank]
-    scatter = sum(MESSAGE_OVERHEAD + payload_bytes(size[j], bits, group) for j in range(world_size) if j != rank)
-    return scatter + (world_size - 1) * (MESSAGE_OVERHEAD + payload_bytes(own, bits, group))
+
+    def cost(segment: int) -> int:
+        return MESSAGE_OVERHEAD + payload_bytes(size[segment], bits, group)
+
+    if world_size == 1:
+        return 0
+    if ring:
+        return sum(cost(step.send_segment) for step in ring_steps(rank, world_size))
+    return sum(cost(j) for j in range(world_size) if j != rank) + (world_size - 1) * cost(rank)
 
 
 def _message(q: Quantized, *, round: int, tag: int) -> Message:

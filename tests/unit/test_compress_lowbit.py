@@ -65,6 +65,20 @@ def test_bytes_per_rank_match_section_8_3_and_every_rank_gets_the_same_bits(coll
     assert expected - data == 2 * (n - 1) * (HEADER + payload_bytes(0, bits, group))  # headers only besides
 
 
+@pytest.mark.parametrize(("n", "numel"), [(4, 650), (3, 1000), (5, 128 * 7 + 3)])
+def test_bytes_per_rank_with_uneven_segments_follow_each_schedule(n: int, numel: int) -> None:
+    rng = np.random.default_rng(numel)
+    inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(n)]
+    for collective, ring in ((two_step_allreduce, False), (requant_ring_allreduce, True)):
+
+        async def one(transport: Transport, collective: object = collective) -> int:
+            await collective(transport, inputs[transport.rank], round=0, bits=4)  # type: ignore[operator]
+            return transport.total_counters().bytes_sent
+
+        expected = [lowbit_bytes_per_rank(numel, n, 4, 128, rank, ring=ring) for rank in range(n)]
+        assert run_inproc(n, one) == expected, collective
+
+
 def test_a_payload_with_the_wrong_group_metadata_fails_the_collective_naming_the_peer() -> None:
     n, group = 2, 128
     x = torch.ones(n * group * 2)

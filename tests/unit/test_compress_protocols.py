@@ -83,7 +83,7 @@ def test_arc_top_k_starts_dense_then_sends_two_rings_sketch_and_rows() -> None:
 @pytest.mark.parametrize("bits", [8, 4])
 def test_low_bit_all_reduces_send_section_8_3_bytes(name: str, bits: int) -> None:
     sent, params = per_step_bytes(name, {"bits": bits, "group": 128})
-    assert sent == [[lowbit_bytes_per_rank(D, N, bits, 128)] * STEPS] * N
+    assert sent == [[lowbit_bytes_per_rank(D, N, bits, 128, ring=name == RING)] * STEPS] * N
     assert all(torch.equal(params[0], p) for p in params)
 
 
