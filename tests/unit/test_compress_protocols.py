@@ -14,6 +14,7 @@ import torch
 from protocols.arc_topk.sgd import NAME as ARC
 from protocols.catalog import lookup, make_algorithm
 from protocols.collectives import run_inproc
+from protocols.collectives.compressed_bench import ALGORITHMS, CompressedBenchConfig, calls
 from protocols.collectives.lowbit import lowbit_bytes_per_rank
 from protocols.common.compress import RandK, TopK
 from protocols.common.loop import train
@@ -124,3 +125,27 @@ def test_each_protocol_trains_logistic_regression_to_85_percent_with_identical_r
     results = [r.summary() for r in asyncio.run(main())]
     assert len({r["param_hash"] for r in results}) == 1
     assert results[0]["final_eval"]["accuracy"] >= 0.85, results[0]["final_eval"]  # about 0.92 at 100 steps
+
+
+def test_the_benchmark_job_runs_every_algorithm_and_each_sends_less_than_the_dense_ring() -> None:
+    config = CompressedBenchConfig.from_json({"sizes": [64 << 10], "arc_cols": 64})
+    numel = (64 << 10) // 4
+    table = calls(config, numel)
+    assert set(table) == set(ALGORITHMS)
+    rng = np.random.default_rng(5)
+    inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(N)]
+    sent = {}
+    for name, call in table.items():
+
+        async def one(transport: Transport, call: Any = call) -> int:
+            await call(transport, inputs[transport.rank], 1)
+            return transport.total_counters().bytes_sent
+
+        sent[name] = max(run_inproc(N, one))
+    assert sent["dense"] == dense_ring(numel)
+    assert all(sent[name] < sent["dense"] for name in ALGORITHMS if name != "dense"), sent
+    assert sent["int4"] < sent["int8"] and sent["rand_k"] < sent["top_k"], sent
+    with pytest.raises(ValueError, match=r"algorithms = \['zip'\] must be a non-empty subset"):
+        CompressedBenchConfig.from_json({"algorithms": ["zip"]})
+    with pytest.raises(ValueError, match=r"ratio = 0.0 must be in \(0, 1\]"):
+        CompressedBenchConfig.from_json({"ratio": 0.0})
