@@ -21,6 +21,15 @@ Gilbert-Elliott the kernel loses a packet in the bad state when a draw exceeds `
 ``1 - loss_bad`` and ``k1`` is ``loss_good`` (as ``tc ... loss gemodel p r 1-h 1-k`` sends them).
 ``gap`` is 1 with reordering (with 0, netem never reorders).
 
+Every message carries the *whole* spec, because a real kernel's ``netem_change`` keeps what a
+message leaves out: without ``TCA_NETEM_CORR`` the old correlations stay, without
+``TCA_NETEM_REORDER`` the old reorder probability, and without ``TCA_NETEM_DELAY_DIST`` the old
+distribution table (and a table cannot be removed: an empty one is refused). So correlations and
+reordering are always sent, zeros included, and a jittered delay always carries a table,
+``uniform`` too (``2u - 1`` at 4096 midpoints: netem's own uniform draw on ``[-jitter, jitter)``
+to 1/2048 of the jitter); otherwise a link changed from ``normal`` jitter to ``uniform`` kept the
+normal law. Without jitter no table is needed (netem ignores it when the jitter is 0).
+
 Distribution tables hold ``NETEM_DIST_SCALE x`` the standardised quantiles (mean 0, standard
 deviation 1), 4096 entries, clamped to 16 bits (so tails beyond 4 standard deviations are cut):
 netem adds ``table[random] x jitter / 8192`` to the delay. The cut costs ``pareto`` a quarter of its
@@ -87,15 +96,13 @@ def netem_options(netem: Netem) -> bytes:
     out = _QOPT.pack(
         ticks(netem.delay_us), netem.limit, loss, gap, prob_u32(netem.duplicate_pct), ticks(netem.jitter_us)
     )
-    if netem.delay_corr_pct or netem.loss_corr_pct or netem.duplicate_corr_pct:
-        corr = (netem.delay_corr_pct, netem.loss_corr_pct, netem.duplicate_corr_pct)
-        out += attr(TCA_NETEM_CORR, struct.pack("=3I", *map(prob_u32, corr)))
-    if netem.jitter_us and netem.distribution != "uniform":
+    corr = (netem.delay_corr_pct, netem.loss_corr_pct, netem.duplicate_corr_pct)
+    out += attr(TCA_NETEM_CORR, struct.pack("=3I", *map(prob_u32, corr)))  # zeros too: a change resets them
+    if netem.jitter_us:
         table = distribution_table(netem.distribution)
         out += attr(TCA_NETEM_DELAY_DIST, struct.pack(f"={len(table)}h", *table))
-    if netem.reorder_pct:
-        reorder = (prob_u32(netem.reorder_pct), prob_u32(netem.reorder_corr_pct))
-        out += attr(TCA_NETEM_REORDER, struct.pack("=2I", *reorder))
+    reorder = (prob_u32(netem.reorder_pct), prob_u32(netem.reorder_corr_pct))
+    out += attr(TCA_NETEM_REORDER, struct.pack("=2I", *reorder))
     if netem.gemodel is not None:
         ge = netem.gemodel
         fields = (ge.p_pct, ge.r_pct, 100 - ge.loss_bad_pct, ge.loss_good_pct)
@@ -129,7 +136,7 @@ def change_flags() -> int:
 
 @functools.cache
 def distribution_table(name: str) -> tuple[int, ...]:
-    """The 4096-entry table for ``normal``, ``pareto`` or ``paretonormal``."""
+    """The 4096-entry table for ``uniform`` (on [-1, 1)), ``normal``, ``pareto`` or ``paretonormal``."""
     quantiles = _QUANTILES[name]()
     return tuple(_scaled(q) for q in quantiles)
 
@@ -140,6 +147,11 @@ def _scaled(value: float) -> int:
 
 def _midpoints(size: int) -> list[float]:
     return [(i + 0.5) / size for i in range(size)]
+
+
+def _uniform() -> list[float]:
+    """Uniform on [-1, 1): netem's default law, as a table (so that a change can return to it)."""
+    return [2 * u - 1 for u in _midpoints(DIST_TABLE_SIZE)]
 
 
 def _normal() -> list[float]:
@@ -163,5 +175,5 @@ def _paretonormal() -> list[float]:
     return [mixed[i * step + step // 2] for i in range(DIST_TABLE_SIZE)]
 
 
-_QUANTILES = {"normal": _normal, "pareto": _pareto, "paretonormal": _paretonormal}
-DISTRIBUTIONS = ("uniform", *_QUANTILES)
+_QUANTILES = {"uniform": _uniform, "normal": _normal, "pareto": _pareto, "paretonormal": _paretonormal}
+DISTRIBUTIONS = tuple(_QUANTILES)

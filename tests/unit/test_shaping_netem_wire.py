@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import struct
 
@@ -28,9 +29,39 @@ def test_plain_delay() -> None:
     data = w.netem_options(Netem(delay_us=5000, limit=20_000))
     assert struct.unpack_from("=6I", data) == (5_000_000 >> 6, 20_000, 0, 0, 0, 0)
     got = attrs(data)
-    assert set(got) == {w.TCA_NETEM_LATENCY64, w.TCA_NETEM_JITTER64}
+    assert set(got) == {w.TCA_NETEM_LATENCY64, w.TCA_NETEM_JITTER64, w.TCA_NETEM_CORR, w.TCA_NETEM_REORDER}
     assert struct.unpack("=q", got[w.TCA_NETEM_LATENCY64]) == (5_000_000,)
     assert struct.unpack("=q", got[w.TCA_NETEM_JITTER64]) == (0,)
+    assert struct.unpack("=3I", got[w.TCA_NETEM_CORR]) == (0, 0, 0)
+    assert struct.unpack("=2I", got[w.TCA_NETEM_REORDER]) == (0, 0)
+
+
+def test_every_message_carries_the_whole_spec() -> None:
+    # A real kernel's netem_change keeps the correlations, the reorder probability and the delay
+    # table that a message leaves out, so a link changed from a correlated, reordering, normal-jitter
+    # setting to a plain uniform one must be told zeros and a uniform table, not nothing.
+    before = Netem(delay_us=10_000, jitter_us=2000, distribution="normal", delay_corr_pct=30.0, reorder_pct=5.0,
+                   reorder_corr_pct=10.0)
+    after = Netem(delay_us=10_000, jitter_us=2000)  # uniform, uncorrelated, in order
+    old, new = attrs(w.netem_options(before)), attrs(w.netem_options(after))
+    assert set(old) == set(new)  # nothing the first message set is left out of the second
+    assert struct.unpack("=3I", new[w.TCA_NETEM_CORR]) == (0, 0, 0)
+    assert struct.unpack("=2I", new[w.TCA_NETEM_REORDER]) == (0, 0)
+    table = struct.unpack(f"={len(new[w.TCA_NETEM_DELAY_DIST]) // 2}h", new[w.TCA_NETEM_DELAY_DIST])
+    assert table == w.distribution_table("uniform") != w.distribution_table("normal")
+
+
+def test_the_uniform_table_is_netems_own_uniform_law() -> None:
+    # netem adds table[r] x jitter / 8192: the table spans [-8192, 8192) evenly, as netem's table-free
+    # uniform draw spans [-jitter, jitter), standard deviation jitter / sqrt(3)
+    table = [v / w.NETEM_DIST_SCALE for v in w.distribution_table("uniform")]
+    assert len(table) == w.DIST_TABLE_SIZE and table == sorted(table)
+    assert -1 <= table[0] < -0.999 and 0.999 < table[-1] <= 1
+    steps = {round(b - a, 6) for a, b in itertools.pairwise(table)}
+    assert steps <= {round(2 / 4096, 6), round(2 / 4096 - 1 / 8192, 6), round(2 / 4096 + 1 / 8192, 6)}
+    assert abs(statistics.fmean(table)) < 1e-3
+    assert statistics.pstdev(table) == pytest.approx(1 / 3**0.5, rel=1e-3)
+    assert w.TCA_NETEM_DELAY_DIST not in attrs(w.netem_options(Netem(delay_us=1000)))  # no jitter, no table
 
 
 def test_everything() -> None:
