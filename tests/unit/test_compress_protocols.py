@@ -18,9 +18,8 @@ from protocols.collectives.compressed_bench import ALGORITHMS, CompressedBenchCo
 from protocols.collectives.lowbit import lowbit_bytes_per_rank
 from protocols.common.compress import RandK, TopK
 from protocols.common.loop import train
-from protocols.common.optim import Sgd
+from protocols.common.optim import LrSchedule, Sgd
 from protocols.common.run import LoopConfig
-from protocols.common.run.settings import LrSchedule
 from protocols.common.tasks import make_task
 from protocols.common.vote import TransportVote
 from protocols.lowbit.sgd import RING, TWO_STEP
