@@ -18,7 +18,10 @@ protocol):
   relative error of a low-bit all-reduce of Gaussians; ``fast`` is the two-step collective, ``slow``
   the per-hop ring: INT8 <= ``params.int8_max`` and INT4 <= ``params.int4_max`` for ``fast`` at every
   world size of ``params.ranks``, ``fast``'s error(last)/error(first) <= ``params.flat_max`` and
-  ``slow``'s >= ``params.growth_min``.
+  ``slow``'s >= ``params.growth_min``;
+* ``quantized_inference`` (T8.3): ``params.accuracy`` ``fn(bits, world, seed) -> float``, held-out accuracy
+  of a row-parallel model whose all-reduce is quantized to ``bits`` (None: exact); the drop from
+  exact to INT8 must be <= ``params.int8_max_drop`` and to INT4 <= ``params.int4_max_drop``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ CONTRACTION = {"workers": 8, "rows": 64, "cols": 16, "ratio": 0.125, "rank": 4, 
 SYNTHETIC = {"ratios": [0.01, 0.05], "vs_local": 0.1, "vs_uncompressed": 10.0, "seed": 0}
 #: The variants' names as the distance function knows them (the claim gives them).
 VARIANT_KEYS = frozenset({"variant", "local", "uncompressed"})
+INFERENCE = {"world": 4, "int8_max_drop": 0.005, "int4_max_drop": 0.02, "seed": 0}
 QUANT = {"ranks": [2, 4, 16], "int8_max": 0.015, "int4_max": 0.20, "flat_max": 1.2, "growth_min": 1.5, "seed": 0}
 
 
@@ -111,6 +115,21 @@ def quantized_error(claim: Claim, run: Runner) -> Verdict:
     return Verdict("quantized_error", not failed, measured, expected, "all hold" if not failed else "; ".join(failed))
 
 
+def quantized_inference(claim: Claim, run: Runner) -> Verdict:
+    """T8.3 (``run`` is not used)."""
+    p = {**INFERENCE, **claim.params}
+    accuracy = _fn(p, "accuracy")
+    world, seed = int(p["world"]), int(p["seed"])
+    figures = {bits: float(accuracy(bits, world=world, seed=seed)) for bits in (None, 8, 4)}
+    drops = {8: figures[None] - figures[8], 4: figures[None] - figures[4]}
+    limits = {8: float(p["int8_max_drop"]), 4: float(p["int4_max_drop"])}
+    failed = [f"INT{b} drop {drops[b]:.4f} > {limits[b]}" for b in (8, 4) if drops[b] > limits[b]]
+    measured = {"exact": round(figures[None], 4), "int8": round(figures[8], 4), "int4": round(figures[4], 4)}
+    expected = f"accuracy drop <= {limits[8]} (INT8) and <= {limits[4]} (INT4) over {world} ranks"
+    why = "all hold" if not failed else "; ".join(failed)
+    return Verdict("quantized_inference", not failed, measured, expected, why)
+
+
 KINDS = (
     ClaimKind("sketch_contraction", frozenset(), sketch_contraction, accepts=frozenset({"at_least"}),
               params=frozenset({*CONTRACTION, "alignment", "trials_fn"}),
@@ -120,4 +139,6 @@ KINDS = (
               required_params=frozenset({*VARIANT_KEYS, "distance"})),
     ClaimKind("quantized_error", frozenset({"fast", "slow"}), quantized_error,
               params=frozenset({*QUANT, "error"}), required_params=frozenset({"error"})),
+    ClaimKind("quantized_inference", frozenset(), quantized_inference,
+              params=frozenset({*INFERENCE, "accuracy"}), required_params=frozenset({"accuracy"})),
 )

@@ -10,7 +10,8 @@ import pytest
 from harness.claimkinds import KINDS
 from harness.claims import evaluate, load_claims
 
-IDS = ("arc-t61-aligned-contraction", "arc-t62-heterogeneous-synthetic", "flash-t81-quantized-error")
+IDS = ("arc-t61-aligned-contraction", "arc-t62-heterogeneous-synthetic", "flash-t81-quantized-error",
+       "flash-t83-quantized-inference")
 
 
 def no_containers(spec: object, workers: int) -> object:
@@ -42,3 +43,7 @@ def test_each_kind_fails_when_its_threshold_cannot_be_met(claims: dict[str, obje
     swapped = replace(t81, fast=t81.slow, slow=t81.fast, params={**t81.params, "ranks": [2, 16]})  # type: ignore[attr-defined]
     verdict = KINDS["quantized_error"].evaluate(swapped, no_containers)
     assert verdict.passed is False and "err(16)/err(2)" in verdict.why
+    t83 = claims["flash-t83-quantized-inference"]
+    strict = replace(t83, params={**t83.params, "int4_max_drop": -0.5})  # type: ignore[attr-defined]
+    verdict = KINDS["quantized_inference"].evaluate(strict, no_containers)
+    assert verdict.passed is False and "INT4 drop" in verdict.why
