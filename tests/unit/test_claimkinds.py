@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,13 @@ def test_threshold_choice_checks_the_band_and_the_prediction(tmp_path: Path) -> 
                                    "effective_speedup_measured": realised})
         return run
 
-    good = evaluate(claim, run_with(0.2, 1.4)).verdict
-    assert good.passed is True and good.measured["tau_over_M_t0"] == 1.25
-    assert evaluate(claim, run_with(0.3, 1.4)).verdict.passed is False  # 1.875 M t0
+    good = evaluate(claim, run_with(0.2, 1.4)).verdict  # a nominal worker ends by 0.2 + 0.02 s = 1.375 M t0
+    assert good.passed is True and good.measured["end_over_M_t0"] == 1.375
+    assert evaluate(claim, run_with(0.15, 1.4)).verdict.passed is True  # ends by 1.06 M t0
+    assert evaluate(claim, run_with(0.24, 1.4)).verdict.passed is False  # 1.625 M t0
     assert evaluate(claim, run_with(0.2, 1.0)).verdict.passed is False  # -33 % from predicted
+    at_end = dataclasses.replace(claim, params={"threshold_at": "end"})
+    assert evaluate(at_end, run_with(0.15, 1.4)).verdict.passed is False  # 0.94 M t0 as an end threshold
 
 
 def test_a_kind_that_crashes_is_unknown_not_passed(tmp_path: Path) -> None:
