@@ -15,13 +15,14 @@ from typing import Any
 
 import yaml
 
+from harness.assets import claims_file
 from harness.checks import Target, Verdict
 from harness.claimkinds import COMMON, KINDS, RUN_FIELDS, STANDARD, Claim, ClaimError, ClaimKind, Runner
 from harness.report import ClaimResult
 
 logger = logging.getLogger(__name__)
 
-CLAIMS_FILE = Path(__file__).resolve().parents[1] / "claims.yaml"
+CLAIMS_FILE = claims_file()  # package data of an installed Squall, the checkout's claims.yaml otherwise
 #: The common keys a claim may omit.
 OPTIONAL = frozenset({"gate"})
 
