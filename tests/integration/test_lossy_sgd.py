@@ -6,6 +6,10 @@ never by the protocol.
   is within a binomial bound of the configured 10 %.
 * The no-resync control under the same loss drifts: its late drift is many times lossy_sgd's and grows.
 * The same digits MLP trained without loss (wan-5ms) ends within a few points of the lossy run's accuracy.
+
+Measured here (2-core host, nfqueue shaping, 400 iterations): lossy_sgd 61-72 s, loss 10.00-10.03 % over
+49 280 datagrams, drift late/mid 0.42-0.60 (late 1.3-1.6e-4); the control 63-79 s, late drift 0.26-0.59
+(growth 1.7-2.5); lossless 30-35 s; accuracy 0.960 with and without loss. The whole file: about 3.5 minutes.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ TASK_ARGS = {"hidden": 32}  # 64 -> 32 -> 10: 2 410 parameters, one datagram per
 BASE = {"task_args": TASK_ARGS, "eval_every": 100, "timeout": 30}
 ACCURACY = 0.85  # digits MLP after 400 steps of 8 x 32 samples at lr 0.2: about 0.9-0.95
 MAX_GROWTH = 2.0  # T7.2: late drift <= 2 x mid-run drift
-NORESYNC_OVER_RESYNC = 10.0  # the control's late drift over lossy_sgd's (measured: see the report)
+NORESYNC_OVER_RESYNC = 10.0  # the control's late drift over lossy_sgd's (measured 1 500-4 600x)
 ACCURACY_GAP = 0.05  # lossy vs lossless final accuracy (T7.3 asks 1 % on longer runs; a short run is noisier)
 
 
@@ -82,7 +86,8 @@ def test_lossy_sgd_trains_with_bounded_drift_on_real_loss(traces: Mapping[str, t
     summaries = trace.meta["summaries"]
     assert all(s["steps"] == STEPS for s in summaries)
     for reason in ("malformed", "foreign", "not_mine", "future", "duplicate"):
-        assert all(s[f"dropped_{reason}"] == 0 for s in summaries), (reason, [s[f"dropped_{reason}"] for s in summaries])
+        counts = [s[f"dropped_{reason}"] for s in summaries]
+        assert not any(counts), (reason, counts)
     loss, sent = measured_loss(trace)
     sigma = math.sqrt(CONFIGURED_LOSS * (1 - CONFIGURED_LOSS) / sent)
     assert abs(loss - CONFIGURED_LOSS) <= 4 * sigma + 0.005, f"measured {loss:.4f} over {sent} datagrams"
