@@ -38,6 +38,7 @@ from protocols.collectives.lowbit import requant_ring_allreduce, two_step_allred
 from protocols.collectives.ring import ring_allreduce
 from protocols.collectives.sparse import arc_allreduce, randk_allreduce, topk_allgather
 from protocols.common.compress import arc
+from protocols.common.compress.topk import MIN_RATIO
 from protocols.job import JobContext
 from protocols.transport import TcpTransport, Transport
 from protocols.wire import Message
@@ -88,9 +89,10 @@ class CompressedBenchConfig:
                   arc_cols=int(cfg.get("arc_cols", arc.DEFAULT_COLS)), repetitions=int(cfg.get("repetitions", 5)),
                   warmup=int(cfg.get("warmup", 1)), port=int(cfg.get("port", DEFAULT_PORT)),
                   timeout=float(cfg.get("timeout", 120.0)))
-        for key in ("ratio", "arc_ratio"):
-            if not 0 < getattr(out, key) <= 1:
-                raise ValueError(f"{key} = {getattr(out, key)} must be in (0, 1]")
+        if not MIN_RATIO <= out.ratio <= 1:
+            raise ValueError(f"ratio = {out.ratio} must be in [1/1024, 1]")
+        if not 0 < out.arc_ratio <= 1:
+            raise ValueError(f"arc_ratio = {out.arc_ratio} must be in (0, 1]")
         if out.repetitions < 1 or out.warmup < 0:
             raise ValueError(f"repetitions = {out.repetitions} must be >= 1 and warmup = {out.warmup} >= 0")
         return out

@@ -20,6 +20,7 @@ from protocols.collectives.sparse import randk_allreduce
 from protocols.common.algorithms.base import Algorithm
 from protocols.common.compress import CompressedSGD
 from protocols.common.compress.feedback import Aggregate, feedback_options
+from protocols.common.compress.topk import MIN_RATIO
 from protocols.common.optim import Sgd
 from protocols.transport import Transport
 
@@ -38,8 +39,8 @@ class RandKConfig:
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
-        if not 0 < self.ratio <= 1:
-            raise ValueError(f"randk: ratio = {self.ratio} must be in (0, 1]")
+        if not MIN_RATIO <= self.ratio <= 1:
+            raise ValueError(f"randk: ratio = {self.ratio} must be in [1/1024, 1]")
         if not 0 <= self.seed < 1 << 32:
             raise ValueError(f"randk: seed = {self.seed} must be in [0, 2**32)")
 

@@ -15,6 +15,7 @@ from protocols.collectives.sparse import topk_allgather
 from protocols.common.algorithms.base import Algorithm
 from protocols.common.compress import CompressedSGD
 from protocols.common.compress.feedback import Aggregate, feedback_options
+from protocols.common.compress.topk import MIN_RATIO
 from protocols.common.optim import Sgd
 from protocols.transport import Transport
 
@@ -31,8 +32,8 @@ class TopKConfig:
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
-        if not 0 < self.ratio <= 1:
-            raise ValueError(f"topk: ratio = {self.ratio} must be in (0, 1]")
+        if not MIN_RATIO <= self.ratio <= 1:
+            raise ValueError(f"topk: ratio = {self.ratio} must be in [1/1024, 1]")
 
 
 def topk_aggregate(transport: Transport, config: TopKConfig) -> Aggregate:

@@ -31,7 +31,7 @@ def wire_round_trip(compressor: object, x: np.ndarray) -> tuple[np.ndarray, int]
 
 
 @settings(max_examples=150, deadline=None)
-@given(x=arrays(np.float32, st.integers(1, 300), elements=finite), ratio=st.floats(0.01, 1.0))
+@given(x=arrays(np.float32, st.integers(1, 300), elements=finite), ratio=st.floats(1 / 1024, 1.0))
 def test_top_k_keeps_the_largest_magnitudes_exactly_and_contracts(x: np.ndarray, ratio: float) -> None:
     compressor = TopK(ratio=ratio)
     out, size = wire_round_trip(compressor, x)
@@ -129,6 +129,11 @@ def quant_bytes(numel: int, bits: int, group: int, codes: int, scales: int, *, z
         (top_k_bytes(10, 2, np.ones(2, np.float32), np.array([-1, 3], np.int32)), r"outside \[0, 10\)"),
         (top_k_bytes(10, 2, np.ones(2, np.float32), np.array([4, 4], np.int32)), "strictly increasing"),
         (top_k_bytes(10, 11, np.ones(11, np.float32), np.arange(11, dtype=np.int32)), "k = 11 coordinates"),
+        (top_k_bytes(1 << 30, 0, np.ones(0, np.float32), np.zeros(0, np.int32)), "cannot stand for a 1073741824"),
+        (top_k_bytes(65537 * 1024, 65536, np.ones(65536, np.float32), np.arange(65536, dtype=np.int32)),
+         "65536 coordinates cannot stand for"),
+        (pack_fields(RandK.name, 1 << 28, [(ParamKind.U64, 3), (ParamKind.U64, 1)], [np.ones(3, np.float32)]),
+         "3 coordinates cannot stand for"),
         (pack_fields(RandK.name, 5, [(ParamKind.U64, 6), (ParamKind.U64, 1)], [np.ones(6, np.float32)]),
          "k = 6 coordinates of a 5-element vector"),
         (pack_fields(RandK.name, 5, [(ParamKind.U64, 2), (ParamKind.U64, 1)], [np.ones(3, np.float32)]),

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from protocols.common.compress.base import Compressor, Decoded, Guarantees
-from protocols.common.compress.topk import count_for
+from protocols.common.compress.topk import check_expansion, count_for
 from protocols.wire import ArraySpec, CompressedPayload, ParamKind, PayloadSchema, WireError, wire_size
 from protocols.wire.compressed import Params
 
@@ -44,6 +44,7 @@ def shared_indices(numel: int, k: int, seed: int) -> npt.NDArray[np.int64]:
 def _check_params(numel: int, params: Params) -> None:
     if not 0 <= params["k"] <= numel:
         raise WireError(f"randk: k = {params['k']} coordinates of a {numel}-element vector; allowed 0..{numel}")
+    check_expansion("rand_k", numel, int(params["k"]))
 
 
 SCHEMA = PayloadSchema(

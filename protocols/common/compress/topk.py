@@ -10,7 +10,8 @@ all-reduce cannot add vectors whose supports differ without the indices): ARC-To
 Payload: parameter ``k``; arrays ``values`` (float32, ``k``) and ``indices`` (int32, ``k``, each in
 ``[0, numel)`` and strictly increasing, so a payload has exactly one encoding and no coordinate
 twice). The receiver's checks reject a wrong count, an index out of range and a repeated or
-unordered index before anything is scattered.
+unordered index before anything is scattered, and a payload claiming more than ``MAX_EXPANSION``
+coordinates per kept one (a decompression bomb: 60 bytes claiming a 4 GB vector).
 """
 
 from __future__ import annotations
@@ -27,12 +28,26 @@ from protocols.wire.compressed import Params
 
 #: int32 indices address at most this many coordinates.
 MAX_NUMEL = 1 << 31
+#: A sparse payload may stand for at most this many coordinates per kept one (and at least this many
+#: floor coordinates): a receiver never allocates more than ``4 * MAX_EXPANSION`` bytes per 8 received,
+#: so a payload of a few bytes cannot claim a vector of gigabytes. Ratios below its inverse are refused.
+MAX_EXPANSION = 1024
+EXPANSION_FLOOR = 64
+MIN_RATIO = 1 / MAX_EXPANSION
+
+
+def check_expansion(compressor: str, numel: int, k: int) -> None:
+    """Raise WireError when ``k`` kept coordinates claim more than ``MAX_EXPANSION`` coordinates each."""
+    most = MAX_EXPANSION * max(k, EXPANSION_FLOOR)
+    if numel > most:
+        raise WireError(f"{compressor}: {k} coordinates cannot stand for a {numel}-element vector "
+                        f"(at most {MAX_EXPANSION} x max(k, {EXPANSION_FLOOR}) = {most})")
 
 
 def count_for(numel: int, ratio: float) -> int:
     """Coordinates kept out of ``numel`` at compression ``ratio`` in (0, 1]: ``max(1, floor(ratio numel))``."""
-    if not 0 < ratio <= 1:
-        raise ValueError(f"compression ratio must be in (0, 1], got {ratio}")
+    if not MIN_RATIO <= ratio <= 1:
+        raise ValueError(f"compression ratio must be in [1/{MAX_EXPANSION}, 1], got {ratio}")
     return min(numel, max(1, int(ratio * numel))) if numel else 0
 
 
@@ -49,6 +64,7 @@ def _check_params(numel: int, params: Params) -> None:
         raise WireError(f"topk: a vector of {numel} elements cannot be indexed by int32 (at most {MAX_NUMEL - 1})")
     if not 0 <= params["k"] <= numel:
         raise WireError(f"topk: k = {params['k']} coordinates of a {numel}-element vector; allowed 0..{numel}")
+    check_expansion("top_k", numel, int(params["k"]))
 
 
 def _check_order(payload: CompressedPayload) -> None:
