@@ -106,8 +106,13 @@ def dequantize(q: Quantized) -> Floats:
     n = q.codes.size
     if n == 0:
         return np.zeros(0, dtype=np.float32)
-    per = np.repeat(np.arange(q.scales.size), q.group)[:n]
-    return (q.zeros.astype(np.float32)[per] + q.codes.astype(np.float32) * q.scales.astype(np.float32)[per])
+    count = q.scales.size
+    codes = np.zeros(count * q.group, dtype=np.float32)  # the last group padded: one float32 per element
+    codes[:n] = q.codes
+    blocks = codes.reshape(count, q.group)
+    blocks *= q.scales.astype(np.float32)[:, None]
+    blocks += q.zeros.astype(np.float32)[:, None]
+    return codes[:n]
 
 
 def round_trip(x: npt.ArrayLike, bits: int, group: int) -> Floats:
