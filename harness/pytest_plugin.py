@@ -10,7 +10,7 @@ Registered through the ``pytest11`` entry point, so any project with Squall inst
 
 Options (``pytest --help``, group "squall"): ``--squall-profiles``, ``--squall-protocols``,
 ``--squall-workers``, ``--squall-seeds``, ``--squall-backend``, ``--squall-seconds``,
-``--squall-matrix FILE``, ``--squall-report DIR``. A marker's arguments override the options,
+``--squall-matrix FILE_OR_NAME``, ``--squall-report DIR``. A marker's arguments override the options,
 which override the matrix file. Test ids read ``ring-wan_5ms-w8``.
 
 Fixtures: ``squall_cell`` (the :class:`~harness.matrix.Cell` of this test), ``squall_lab`` (a
@@ -49,7 +49,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--squall-seconds", type=float, help="training time budget per cell (default 20)")
     group.addoption("--squall-backend", choices=["netem", "nfqueue"],
                     help="force a shaping backend (default: netem where the kernel has it, else nfqueue)")
-    group.addoption("--squall-matrix", type=Path, help="YAML file with protocols/profiles/workers/seeds")
+    group.addoption("--squall-matrix", help="matrix YAML with protocols/profiles/workers/seeds: a path, or a shipped "
+                                            "matrix by name (ci, demo, ...)")
     group.addoption("--squall-report", type=Path, help="write results.json, report.md and report.html here")
 
 
@@ -180,6 +181,7 @@ class SquallSession:
         self.config = config
         self.labs: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.cells: list[Any] = []  # harness.report.CellResult
+        self.matrix_run: dict[str, Any] = {}  # RunSpec fields of --squall-matrix's run: section
         self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
 
     def option(self, name: str) -> Any:
@@ -188,43 +190,47 @@ class SquallSession:
     def matrix(self, marker: dict[str, Any], *, where: str, test_dir: Path | None = None) -> Any:
         """The test's cells: the matrix file, then the options, then the marker (the last one wins).
 
-        Relative profile paths are resolved against the test file's folder, then the rootdir
-        (and, for a matrix file's own profiles, that file's folder first).
+        Relative profile paths are resolved against the test file's folder, then the rootdir.
         """
-        from harness.matrix import MatrixError, build_matrix, load_matrix
+        from harness.matrix import MatrixError, build_matrix, load_matrix_file
         from protocols.catalog import PROTOCOLS
 
         raw: dict[str, Any] = dict(DEFAULTS)
         bases = [*([test_dir] if test_dir else []), Path(self.config.rootpath)]
-        profile_bases = bases
-        path = self.option("matrix")
+        wanted = self.option("matrix")
         try:
-            if path is not None:
-                path = path if path.is_absolute() else Path(self.config.invocation_params.dir) / path
-                try:
-                    m = load_matrix(path, known_protocols=PROTOCOLS)
-                except FileNotFoundError as exc:
-                    raise pytest.UsageError(f"--squall-matrix: no such file {path}") from exc
+            if wanted is not None:
+                path = self.matrix_file(str(wanted))
+                shipped = load_matrix_file(path, known_protocols=PROTOCOLS)
+                self.matrix_run = dict(shipped.run)  # the file's run: section, under the options and markers
+                m = shipped.matrix
                 raw.update(protocols=list(m.protocols), profiles=list(m.profiles), workers=list(m.workers),
                            seeds=list(m.seeds))
-                profile_bases = [path.parent, *bases]
             for key in ("protocols", "profiles", "workers", "seeds"):
                 if self.option(key):
                     raw[key] = self.option(key)
-                    if key == "profiles":
-                        profile_bases = bases
                 if key in marker:
                     raw[key] = marker[key]
-                    if key == "profiles":
-                        profile_bases = bases
             if isinstance(raw["profiles"], str):
                 raw["profiles"] = [p.strip() for p in raw["profiles"].split(",") if p.strip()]
             if isinstance(raw["profiles"], list | tuple):
-                raw["profiles"] = [resolve_profile_path(p, profile_bases, where=where) if isinstance(p, str) else p
+                raw["profiles"] = [resolve_profile_path(p, bases, where=where) if isinstance(p, str) else p
                                    for p in raw["profiles"]]
             return build_matrix(raw, source=where, known_protocols=PROTOCOLS)
         except MatrixError as exc:
             raise pytest.UsageError(str(exc)) from exc
+
+    def matrix_file(self, wanted: str) -> Path:
+        """``--squall-matrix``: a path (relative to where pytest was started) or a shipped matrix's name."""
+        from harness.assets import find_matrix
+
+        is_path = "/" in wanted or os.sep in wanted or wanted.endswith((".yaml", ".yml"))
+        if is_path and not Path(wanted).is_absolute():
+            wanted = str(Path(self.config.invocation_params.dir) / wanted)
+        try:
+            return find_matrix(wanted)
+        except FileNotFoundError as exc:
+            raise pytest.UsageError(f"--squall-matrix: {exc}") from exc
 
     def check_entry_point(self, protocol: str, *, where: str) -> None:
         """Import a ``package.module:function`` protocol on the host once per session; a usage error if it fails."""
@@ -283,8 +289,10 @@ def _spec_from(cell: Any, marker: pytest.Mark | None, session: SquallSession, **
     from harness.experiment import RunSpec
 
     kwargs = dict(marker.kwargs) if marker else {}
-    extra: dict[str, Any] = {k: kwargs[k] for k in ("steps", "task", "target", "lr", "config") if k in kwargs}
-    seconds = kwargs.get("seconds", session.option("seconds") or 20.0)
+    keys = ("steps", "task", "target", "lr", "config", "batch_size")
+    extra: dict[str, Any] = {k: session.matrix_run[k] for k in keys if k in session.matrix_run}
+    extra.update({k: kwargs[k] for k in keys if k in kwargs})
+    seconds = kwargs.get("seconds", session.option("seconds") or session.matrix_run.get("seconds") or 20.0)
     fields: dict[str, Any] = {**extra, **over}
     return RunSpec(protocol=cell.protocol, profile=cell.profile, seed=cell.seed, seconds=seconds, **fields)
 

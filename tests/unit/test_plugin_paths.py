@@ -174,3 +174,34 @@ def test_the_guides_example_collects_with_its_own_profile_and_passes_in_process(
                          cwd=EXAMPLE, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed, 2 deselected" in run.stdout
+
+
+# -- matrices by name ----------------------------------------------------------------------------
+
+def test_a_shipped_matrix_is_named_and_a_missing_one_lists_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(squall_cell):\n    pass\n")
+    result = pytester.runpytest("--collect-only", "-q", "--squall-matrix=ci")
+    assert result.ret == 0, _output(result)
+    result.stdout.fnmatch_lines(["*test_x?ring-lan-w4?", "*test_x?matcha-lossy_1pct-w4?"])
+    result = pytester.runpytest("--collect-only", "--squall-matrix=no-such-matrix")
+    assert result.ret != 0
+    out = _output(result)
+    assert "--squall-matrix: no matrix named 'no-such-matrix'" in out and "ci" in out
+
+
+def test_a_matrix_files_run_section_sets_the_cells_runs_under_the_marker() -> None:
+    from harness.matrix import Cell
+    from harness.pytest_plugin import _spec_from
+
+    class Session:
+        matrix_run: dict[str, object] = {"seconds": 7, "target": {"accuracy": 0.8}, "config": {"eval_every": 5}}
+
+        def option(self, name: str) -> None:
+            return None
+
+    cell = Cell("ring", "lan", 4, 0)
+    spec = _spec_from(cell, None, Session())  # type: ignore[arg-type]
+    assert (spec.seconds, dict(spec.target), dict(spec.config)) == (7, {"accuracy": 0.8}, {"eval_every": 5})
+    marker = pytest.mark.squall(seconds=3, config={"eval_every": 2}).mark
+    spec = _spec_from(cell, marker, Session())  # type: ignore[arg-type]
+    assert (spec.seconds, dict(spec.target), dict(spec.config)) == (3, {"accuracy": 0.8}, {"eval_every": 2})
