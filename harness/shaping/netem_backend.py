@@ -7,19 +7,28 @@ the existing classes and netem qdiscs, which keep the packets they hold; only st
 rebuild a device's tree. Nothing runs in user space, so there is nothing that can die: :meth:`check`
 only reports nodes left in an unknown state by a failed rollback.
 
+Duplication goes to iptables ``TEE`` in the sender (as the nfqueue backend does it), not to netem:
+current kernels (Debian's 6.1.192 among them, measured in the netem VM of ``scripts/netem-vm``)
+refuse a duplicating netem in a tree that holds another netem (``tc add qdisc netem``: EINVAL), and
+every node with two shaped destinations has such a tree. The clone leaves through the same HTB class
+and netem leaf, so it is delayed like the original. A *correlated* duplication stays with netem
+(iptables draws independently); the kernel then accepts it only on a node with one netem leaf.
+
 This kernel has no ``sch_netem``; :func:`.select.open_shaper` refuses the backend there (with the
 probe's reason) and the integration test is skipped only for that reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from harness.shaping.base import Endpoint, LinkState, ShapingError
 from harness.shaping.executor import Applier, locked
+from harness.shaping.ops import Netem, NodePlan, QdiscOp, RuleOp, TcOp
 from harness.shaping.plan import plan_netem, validated
 
 logger = logging.getLogger(__name__)
@@ -44,7 +53,7 @@ class NetemShaper:
         """Make the links behave as ``state`` says; all or nothing."""
         self._require_open()
         t0 = time.monotonic()
-        plans = plan_netem(list(self._endpoints.values()), state)
+        plans = duplication_by_tee(plan_netem(list(self._endpoints.values()), state), self._endpoints, state)
         self._applier.apply(plans)
         self._state = state
         logger.info("netem: applied %d links on %d nodes in %.1f ms", len(state.links), len(plans),
@@ -85,3 +94,31 @@ class NetemShaper:
     def _require_open(self) -> None:
         if self._closed:
             raise ShapingError(f"the netem shaper of run {self.run_id} is closed")
+
+
+def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, Endpoint],
+                       state: LinkState) -> dict[int, NodePlan]:
+    """``plans`` with every uncorrelated duplication moved from the netem leaves to TEE rules in the sender.
+
+    Why: a kernel refuses a duplicating netem in a tree with another netem (see the module docstring).
+    """
+    out: dict[int, NodePlan] = {}
+    for node, plan in plans.items():
+        tees: list[RuleOp] = []
+        for dst, ep in endpoints.items():
+            spec = state.links.get((node, dst))
+            if dst == node or spec is None or spec.duplicate.percent == 0 or spec.duplicate.correlation_pct > 0:
+                continue
+            tees.append(RuleOp("POSTROUTING", "TEE", ep.address, probability=spec.duplicate.percent / 100))
+        if not tees:
+            out[node] = plan
+            continue
+        tc = tuple(_without_duplication(op) for op in plan.tc)
+        out[node] = dataclasses.replace(plan, tc=tc, rules=(*plan.rules, *tees))
+    return out
+
+
+def _without_duplication(op: TcOp) -> TcOp:
+    if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem) and op.qdisc.duplicate_corr_pct == 0:
+        return dataclasses.replace(op, qdisc=dataclasses.replace(op.qdisc, duplicate_pct=0.0))
+    return op

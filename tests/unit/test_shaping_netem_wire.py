@@ -8,9 +8,12 @@ import struct
 
 import pytest
 
-from harness.profiles import GilbertElliott
+from harness.profiles import Chance, GilbertElliott, LinkSpec
+from harness.shaping import Endpoint, LinkState
 from harness.shaping import netem_wire as w
-from harness.shaping.ops import Netem
+from harness.shaping.netem_backend import duplication_by_tee
+from harness.shaping.ops import Netem, QdiscOp, RuleOp
+from harness.shaping.plan import plan_netem
 
 U = 0xFFFFFFFF
 
@@ -140,3 +143,25 @@ def test_tables_are_standardised(name: str) -> None:
 def test_pareto_is_skewed_right() -> None:
     table = w.distribution_table("pareto")
     assert table[0] > -2 * w.NETEM_DIST_SCALE and table[-1] == 32767
+
+
+def test_duplication_leaves_netem_for_tee_in_the_sender() -> None:
+    # Debian's 6.1.192 refuses a duplicating netem in a tree with another netem (EINVAL, seen in the
+    # netem VM), and a node with two shaped destinations has two netem leaves: TEE duplicates instead.
+    eps = {i: Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{i + 100}/ns/net") for i in range(3)}
+    dup = LinkSpec(delay_us=3000, duplicate=Chance(20.0))
+    state = LinkState({(s, d): dup if (s, d) != (1, 2) else LinkSpec(delay_us=3000, duplicate=Chance(5.0, 50.0))
+                       for s in eps for d in eps if s != d})
+    plans = duplication_by_tee(plan_netem(list(eps.values()), state), eps, state)
+    netems = {i: [op.qdisc for op in plans[i].tc if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem)]
+              for i in eps}
+    assert [n.duplicate_pct for n in netems[0]] == [0.0, 0.0]  # both of node 0's leaves: no netem duplication
+    assert all(n.delay_us == 3000 for ns in netems.values() for n in ns)  # the rest of the spec is kept
+    assert plans[0].rules == (RuleOp("POSTROUTING", "TEE", "10.9.0.3", probability=0.2),
+                              RuleOp("POSTROUTING", "TEE", "10.9.0.4", probability=0.2))
+    # a correlated duplication stays with netem (iptables draws independently), with no TEE for it
+    assert sorted(n.duplicate_pct for n in netems[1]) == [0.0, 5.0]
+    assert [r.peer for r in plans[1].rules if r.action == "TEE"] == ["10.9.0.2"]
+    quiet = LinkState({(s, d): LinkSpec(delay_us=1000) for s in eps for d in eps if s != d})
+    plain = plan_netem(list(eps.values()), quiet)
+    assert duplication_by_tee(plain, eps, quiet) == plain
