@@ -39,9 +39,9 @@ unit: venv
 integration: image
 	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
-# The netem backend on a netem kernel: a Debian kernel under QEMU runs its suites (scripts/netem-vm/).
+# The netem backend on a netem kernel: a Debian kernel under QEMU TCG runs its suites (scripts/netem-vm/).
 test-netem: venv
-	@$(VENV)/bin/pytest tests/netem_vm $(PYTEST_ARGS)
+	@scripts/netem-vm/run.sh
 
 matrix: image
 	@$(SQUALL) matrix matrices/full.yaml --report results/matrix
