@@ -9,6 +9,12 @@ is the netem backend only (the guest kernel has ``sch_netem``; the nfqueue backe
 the host). TCG's own cost on a packet's path is in the unshaped ``baseline`` the delay checks
 subtract, as on the host. After the suite, ``calibrate`` runs on the same hosts (its JSON report
 goes to the results share), with the suite's shaper closed first.
+
+Measured on a 2-core host shared with other work (Debian 6.1.192 under multi-threaded TCG): the
+kernel applies every state of both suites (after the netem backend's duplication moved to TEE),
+10 and 100 Mbit/s pass, but Python probes in the guest see 60-99 % of their packets stalled by
+more than 1 ms, so delay, jitter and most calibration rows answer "too busy" (skips), and the
+mixed state's 12 probed pairs at 500 packets/s overrun the guest (probes unsent, echoes dropped).
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from tests.integration.test_shaping_conformance import (  # noqa: F401  (collect
     test_rate,
 )
 from tests.netem_vm.nscluster import NamespaceCluster
+from tests.timing import judged
 
 OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
 CALIBRATED = ("wan-5ms", "lossy-1pct", "thin-20mbit")  # the profiles issue 14 names
-CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # a quick calibration of two directions (the suite covers the rest)
+CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # two directions (the suite covers the rest); full-size probes
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +75,13 @@ def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster,
 def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str) -> None:
     shaper.close()  # the suite is done with it; calibrate() opens its own on the same hosts
     report = calibration_runner.calibrate(profile, workers=suite.N, backend="netem", pairs=CALIBRATED_PAIRS,
-                                          quick=True, cluster=cluster)  # type: ignore[arg-type]
+                                          cluster=cluster)  # type: ignore[arg-type]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"calibration-{profile}.json").write_text(report.to_json())
-    assert report.backend == "netem"
-    assert report.verdict == CalibrationOutcome.PASSED, report.format()
+    assert report.backend == "netem" and not report.errors, report.format()
+    # As the suite judges a row (tests.timing.judged): a failed row fails; a row the host was too busy
+    # to judge skips the test with its reason, but only once no row failed.
+    failed = [r for r in report.rows if r.verdict == CalibrationOutcome.FAILED]
+    assert not failed, report.format()
+    for row in report.rows:
+        judged(row)
