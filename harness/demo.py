@@ -100,7 +100,10 @@ def summary_text(results: Results, comparison: Comparison, target: Target | None
     out = [f"Squall demo: {len(results.cells)} runs on {', '.join(map(str, workers))} containers, shaping backend "
            f"{results.meta.get('shaping backend')}, logistic regression on digits, target "
            f"{target.describe() if target else '-'}", ""]
-    head = f"{'profile':<18} {'calibration':<15} {'protocol':<12} {'to target':>10} {'vs best':>8} {'sent by then':>13}"
+    wp = max([len("profile"), *map(len, comparison.profiles)])
+    wq = max([len("protocol"), *map(len, comparison.protocols)])
+    head = (f"{'profile':<{wp}}  {'calibration':<15} {'protocol':<{wq}}  "
+            f"{'to target':>11} {'vs best':>8} {'sent by then':>13}")
     out += [head, "-" * len(head)]
     for profile in comparison.profiles:
         state = fid[profile].state if profile in fid else "not calibrated"
@@ -108,8 +111,8 @@ def summary_text(results: Results, comparison: Comparison, target: Target | None
             if (protocol, profile) not in comparison.seconds:
                 continue
             secs, ratio = comparison.seconds[(protocol, profile)], comparison.ratio(protocol, profile)
-            out.append(f"{profile:<18} {state:<15} {protocol:<12} "
-                       f"{'not reached' if secs is None else f'{secs:.2f} s':>10} "
+            out.append(f"{profile:<{wp}}  {state:<15} {protocol:<{wq}}  "
+                       f"{'not reached' if secs is None else f'{secs:.2f} s':>11} "
                        f"{'-' if ratio is None else f'{ratio:.2f}x':>8} "
                        f"{megabytes(comparison.bytes[(protocol, profile)]):>13}")
             state = ""
