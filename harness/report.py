@@ -413,7 +413,7 @@ def markdown(results: Results) -> str:
     if results.cells:
         out += ["## How do I reproduce it?", "", *(f"- {k}: {v}" for k, v in reproduce_rows(results.meta,
                                                                                                 _traces(results))),
-                "", "As a matrix file (`squall matrix --file demo.yaml`):", "", "```yaml",
+                "", "As a matrix file (save it as `runs.yaml`, then `squall matrix runs.yaml`):", "", "```yaml",
                 matrix_text(_traces(results), _run_of(results)), "```", ""]
     return "\n".join(out)
 
@@ -505,7 +505,8 @@ def _html_reproduce(view: _View) -> list[str]:
     rows = reproduce_rows(view.results.meta, _traces(view.results))
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in rows)
     return ["<h2 id='reproduce'>4. How do I reproduce it?</h2>", f"<dl class='repro'>{items}</dl>",
-            "<p>The runs as a matrix file, for <code>squall matrix --file FILE</code>:</p>",
+            "<p>The runs as a matrix file (save it as <code>runs.yaml</code>, then "
+            "<code>squall matrix runs.yaml</code>):</p>",
             f"<pre>{html.escape(matrix_text(_traces(view.results), _run_of(view.results)))}</pre>"]
 
 

@@ -3,7 +3,7 @@
 From a results file's plain data: the command that made it, Squall's version and commit, the
 host (kernel, Python, CPUs, Docker) and its load before and after (a loaded host slows every
 protocol, and says why a rerun differs), the shaping backends, the seeds, and the whole run as
-a matrix file that ``squall matrix --file`` takes back. Everything is text, built here: no
+a matrix file that ``squall matrix FILE`` takes back. Everything is text, built here: no
 Python repr of a dict or a list reaches the page.
 """
 
