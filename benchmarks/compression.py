@@ -12,9 +12,11 @@ per-hop INT8/INT4 all-reduces (that module's table), and the job ``gloo_allreduc
 
 Per row: the slowest rank's median time, the ratio to the dense ring's and to gloo's, the bytes one
 rank sent per call as counted by its transport (and that over the dense ring's), and the alpha-beta
-lower bound from the compressed byte count: ``hops alpha + bytes / B`` (``hops`` the algorithm's
-sequential one-way latencies, alpha the profile's delay, B its rate); ``x bound`` below 1 would mean
-the measurement or the model is wrong.
+lower bound from the compressed byte count: ``hops alpha + bytes / (links B)`` (``hops`` the algorithm's
+sequential one-way latencies, alpha the profile's delay, B its rate per link, ``links`` the links a
+rank's bytes leave on side by side: ``n - 1`` for all-gather and all-to-all, 1 for a ring); ``x bound``
+well below 1 would mean the measurement or the model is wrong (the emulated delay and rate are good to
+a few per cent: rows below 0.95 are listed).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ logger = logging.getLogger("bench.compression")
 ENTRY = "protocols.collectives.compressed_bench:compressed_bench"
 PORT = 29630
 GLOO_PORT = 29530
+BOUND_SLACK = 0.95  # the emulated links' delay and rate are good to a few per cent
 
 #: Runs one job on every node: each rank's (value, metrics records).
 RunJob = Callable[[str, dict[str, Any], float], list[tuple[dict[str, Any], list[dict[str, Any]]]]]
@@ -76,7 +79,7 @@ def measure(run: RunJob, n: int, profile: str, sizes: Sequence[int], *, link: Li
         dense = mine.get("dense")
         for algorithm, r in mine.items():
             t = float(r["median_s_max"])
-            bound = r["hops"] * link.alpha + sent[algorithm] / link.bandwidth
+            bound = r["hops"] * link.alpha + sent[algorithm] / (r["links"] * link.bandwidth)
             rows.append({
                 "workers": n, "profile": profile, "bytes": size, "algorithm": algorithm, "median_s": t,
                 "vs_dense": t / float(dense["median_s_max"]) if dense else None,
@@ -189,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(cells)
     elapsed = time.monotonic() - started
     print(table(rows))
-    below = [r for r in rows if r["vs_bound"] < 1.0]
-    print(f"{len(below)} rows below their alpha-beta bound" + (f": {below}" if below else ""))
+    below = [f"{r['profile']} {size_label(r['bytes'])} {r['algorithm']} x{r['vs_bound']:.2f}" for r in rows
+             if r["vs_bound"] < BOUND_SLACK]
+    print(f"{len(below)} rows below {BOUND_SLACK} x their alpha-beta bound" + (f": {below}" if below else ""))
     print(f"total {elapsed:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

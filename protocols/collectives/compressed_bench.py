@@ -19,7 +19,8 @@ Top-K and Rand-K coordinates [0.01]; ``arc_ratio`` [0.05], ``arc_rank`` [4], ``a
 dissemination barrier; every rank times its own call and counts the bytes its transport sent during
 it. Per size and algorithm the result has ``median_s`` (this rank's), ``median_s_max`` (the slowest
 rank's, by one more all-reduce), ``bytes_sent`` (this rank, per call), ``messages_sent`` and ``hops``
-(sequential message latencies in the algorithm: what the alpha-beta bound counts).
+(sequential message latencies in the algorithm: what the alpha-beta bound counts) and ``links`` (how many
+links its bytes leave on side by side: every pair of containers is shaped as its own link).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ DEFAULT_SIZES = (1 << 20, 4 << 20)
 DEFAULT_PORT = 29630
 BARRIER_TAG = 0x43424152  # "CBAR"
 SUMMARY_TAG = 0x4353554D  # "CSUM"
+
+
+def links(algorithm: str, world_size: int) -> int:
+    """Links a rank's bytes leave on at once: 1 for the ring schedules, ``n - 1`` for all-gather and all-to-all."""
+    return world_size - 1 if algorithm in ("top_k", "int8", "int4") else 1
 
 
 def hops(algorithm: str, world_size: int) -> int:
@@ -158,6 +164,7 @@ async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, An
                 rows.append({"algorithm": algorithm, "bytes": size, "median_s": median,
                              "median_s_max": float(slowest[0]), "bytes_sent": max(b for b, _ in sent[algorithm]),
                              "messages_sent": max(m for _, m in sent[algorithm]), "hops": hops(algorithm, n),
+                             "links": links(algorithm, n),
                              "repetitions": len(times[algorithm])})
     return {"rank": ctx.rank, "world_size": ctx.world_size, "rows": rows}
 
