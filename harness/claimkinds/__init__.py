@@ -2,13 +2,19 @@
 
 Every module here exports ``KIND`` (a :class:`~harness.claimkinds.base.ClaimKind`) or ``KINDS`` (a
 tuple of them); :data:`KINDS` collects them by name. Adding a kind is adding a module: no table
-elsewhere names it. The kinds shipped:
+elsewhere names it. ``squall claims`` shows each claim's kind; the kinds shipped:
 
 * ``speedup``, ``speedup_grows`` (:mod:`.speedup`): time-to-target ratios between two protocols;
-* ``accuracy_gap`` (:mod:`.accuracy`): a protocol's accuracy at equal steps against a reference's;
-* ``maths`` (:mod:`.maths`): a statistical or numerical property computed in-process by a function
-  the protocol's folder owns (no containers);
-* the others are listed by ``squall claims --kinds``.
+* ``straggler_robustness``, ``straggler_overhead``, ``threshold_choice`` (:mod:`.stragglers`) and
+  ``loss_per_sample`` (:mod:`.samples`): DropCompute's and Non-blocking SGD's claims;
+* ``drift_bounded``, ``loss_accuracy`` (:mod:`.drift`) and ``unbiased`` (:mod:`.unbiased`): training
+  under packet loss;
+* ``sketch_contraction``, ``heterogeneous_synthetic``, ``quantized_error``, ``quantized_inference``
+  (:mod:`.compression`): compressed communication.
+
+Pure-maths kinds call a function the protocol's folder owns, named in ``params`` as
+``package.module:function`` (:func:`protocols.job.resolve_callable`), so the claim tests the code the
+workers run and the harness imports no protocol folder.
 """
 
 from __future__ import annotations

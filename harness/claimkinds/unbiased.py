@@ -15,7 +15,6 @@ within ``params.z_max`` standard errors:
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -24,19 +23,14 @@ import numpy as np
 
 from harness.checks import Verdict
 from harness.claimkinds.base import Claim, ClaimKind, Runner
+from protocols.job import resolve_callable
 
 DEFAULTS = {"workers": 8, "loss": 0.1, "trials": 10_000, "dim": 4, "seed": 7, "z_max": 3.0}
 
 
 def load(ref: str) -> Callable[..., Any]:
-    """The function ``package.module:function``."""
-    module, _, name = ref.partition(":")
-    if not module or not name:
-        raise ValueError(f"params.estimators must be 'package.module:function', got {ref!r}")
-    fn = getattr(importlib.import_module(module), name, None)
-    if not callable(fn):
-        raise ValueError(f"params.estimators: {ref!r} is not a function")
-    return fn  # type: ignore[no-any-return]
+    """The function ``package.module:function`` (ValueError naming it when there is none)."""
+    return resolve_callable(ref, what="params function")
 
 
 def max_z(estimates: np.ndarray, truth: np.ndarray) -> float:

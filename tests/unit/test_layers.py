@@ -59,7 +59,7 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "experiment": (frozenset({"harness.experiment"}),
                    frozenset({"profiles", "shaping", "cluster", "trace", "timeline", "protocol entry"})),
     "claims": (frozenset({"harness.claims", "harness.claimkinds", "harness.runner"}),
-               frozenset({"checks", "trace", "report", "matrix", "experiment"})),
+               frozenset({"checks", "trace", "report", "matrix", "experiment", "protocol entry"})),
     "front": (frozenset({"harness.cli", "harness.cli_calibrate", "harness.cli_profiles", "harness.cli_protocols",
                          "harness.cli_run", "harness.demo", "harness.pytest_plugin"}),
               frozenset({"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix",
@@ -67,7 +67,8 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 #: What the harness may use of protocols/: the catalog (names, declarations) and the common
 #: layer's plain data (the device model). Everything else runs inside the containers.
-HARNESS_SEES = {"protocols.catalog": "protocol entry", "protocols.common": "protocol common"}
+HARNESS_SEES = {"protocols.catalog": "protocol entry", "protocols.job": "protocol entry",
+               "protocols.common": "protocol common"}
 
 
 def protocol_folders() -> frozenset[str]:
