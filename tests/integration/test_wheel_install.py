@@ -111,6 +111,9 @@ def test_an_installed_wheel_runs_a_third_party_protocol(tmp_path: Path, docker_c
     assert {r["name"] for r in rows} >= {"lan", "wan-5ms", "lossy-1pct"}
     assert all(Path(r["path"]).is_relative_to(venv) for r in rows)
 
+    claims = _run([squall, "claims"], cwd=tmp_path, env=env, timeout=300)  # the installed claims.yaml
+    assert claims.returncode == 0 and "paper:" in claims.stdout, claims.stdout[-2000:] + claims.stderr[-2000:]
+
     image = _run([squall, "image", "build", "--json"], cwd=tmp_path, env=env, timeout=1800)  # finds, or builds
     assert image.returncode == 0, image.stderr[-3000:]
     tag = json.loads(image.stdout.splitlines()[-1])["image"]
