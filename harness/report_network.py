@@ -77,7 +77,8 @@ def describe_profile(profile: Profile, workers: int) -> dict[str, Any]:
 
 
 def describe_profiles(names_workers: Iterable[tuple[str, int]]) -> dict[str, dict[str, Any]]:
-    """Plain data for every (profile, cluster size) used, keyed by profile name (for ``Results.meta``).
+    """Plain data for every (profile name or path, cluster size) used, keyed by the profile's own name
+    (what ``RunTrace.profile`` holds), for ``Results.meta["profiles"]``.
 
     A profile that cannot be loaded gets an entry that says why, instead of raising."""
     out: dict[str, dict[str, Any]] = {}
@@ -85,7 +86,8 @@ def describe_profiles(names_workers: Iterable[tuple[str, int]]) -> dict[str, dic
         if name in out:
             continue
         try:
-            out[name] = describe_profile(load_profile(name), workers)
+            profile = load_profile(name)
+            out.setdefault(profile.name, describe_profile(profile, workers))
         except (ProfileError, OSError, ValueError) as exc:
             logger.warning("profile %s: %s", name, exc)
             out[name] = {"name": name, "description": f"not found when the report was made: {exc}",

@@ -225,3 +225,11 @@ def test_provenance_is_plain_data() -> None:
 def test_an_unknown_profile_is_described_not_raised() -> None:
     info = describe_profiles([("no-such-profile-here", 4)])["no-such-profile-here"]
     assert info["links"] == [] and "not found" in info["description"]
+
+
+def test_a_profile_given_by_path_is_described_under_its_own_name(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\ndescription: thirty ms and two percent\nlinks:\n  default: {delay: 30ms, loss: 2%}\n")
+    info = describe_profiles([(str(path), 4)])["mine"]
+    assert info["source"] == str(path) and info["description"] == "thirty ms and two percent"
+    assert info["links"] == [["all 12", "30ms", "-", "2%", "-", "-", "unlimited", "auto"]]
