@@ -183,6 +183,10 @@ class SquallSession:
         self.cells: list[Any] = []  # harness.report.CellResult
         self.matrix_run: dict[str, Any] = {}  # RunSpec fields of --squall-matrix's run: section
         self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
+        self.profiles: list[tuple[str, int]] = []  # (profile name or path, cluster size) of every cell run
+        from harness import provenance
+
+        self.provenance = provenance.collect()  # for the report's reproduce block
 
     def option(self, name: str) -> Any:
         return self.config.getoption(f"--squall-{name}")
@@ -354,7 +358,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     cell = item.callspec.params.get("squall_cell") if hasattr(item, "callspec") else None
     cell_id = cell.id(with_seed=True) if cell is not None else item.name
     verdicts: list[Any] = item.stash.get(_VERDICTS, [])
-    session.cells.append(CellResult(cell_id, item.stash[_TRACE], tuple(verdicts)))
+    trace = item.stash[_TRACE]
+    session.cells.append(CellResult(cell_id, trace, tuple(verdicts)))
+    session.profiles.append((cell.profile, cell.workers) if cell is not None else (trace.profile, trace.workers))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -364,7 +370,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     squall.close()
     directory = squall.option("report")
     if directory is not None and squall.cells:
+        from harness import provenance
         from harness.report import Results, write_report
+        from harness.report_network import describe_profiles
 
-        _, page = write_report(Results(title="Squall matrix", cells=tuple(squall.cells)), directory)
+        meta: dict[str, Any] = {"provenance": provenance.finish(squall.provenance),
+                                "profiles": describe_profiles(squall.profiles)}
+        target = squall.matrix_run.get("target")
+        if target:
+            meta["target"] = dict(target)
+        _, page = write_report(Results(title="Squall matrix", cells=tuple(squall.cells), meta=meta), directory)
         logger.info("squall report: %s", page)
