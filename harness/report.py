@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 
 from harness.checks import Target, Verdict, drift_series
 from harness.checks.drift import owner_drift_series
+from harness.checks.verdict import figure
 from harness.report_compare import (
     COMPARE_HEAD,
     CellFigures,
@@ -248,17 +249,6 @@ def plot_owner_drift(cells: Sequence[CellResult]) -> str | None:
 # -- pages --------------------------------------------------------------------------------------
 #: Keys of ``Results.meta`` that have sections of their own (not listed in the page's header).
 STRUCTURED_META = frozenset({"provenance", "profiles", "run", "target"})
-
-
-def figure(value: Any) -> str:
-    """A measured figure in words: numbers as they are, mappings as ``key value`` pairs, lists comma-separated."""
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {figure(v)}" for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(figure(v) for v in value) + "]"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
 
 
 def verdict_line(v: Verdict) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec
 
@@ -34,7 +34,19 @@ class Verdict:
     def line(self) -> str:
         """One line for logs and reports."""
         state = {True: "PASS", False: "FAIL", None: "UNKNOWN"}[self.passed]
-        return f"{state} {self.check}: measured {self.measured}, expected {self.expected}: {self.why}"
+        return f"{state} {self.check}: measured {figure(self.measured)}, expected {self.expected}: {self.why}"
+
+
+def figure(value: Any) -> str:
+    """A measured figure in words: numbers as they are (floats to 4 digits), mappings as ``key: value``
+    pairs, lists in brackets; never a Python repr."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {figure(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(figure(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
 
 
 def unknown(check: str, expected: str, why: str) -> Verdict:
