@@ -78,6 +78,26 @@ def test_arguments() -> None:
         _args(backend="tbf")
 
 
+class _NoCluster:
+    """Stands in for the cluster ``squall calibrate`` starts: these tests fake the calibration itself."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def __enter__(self) -> _NoCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _no_containers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.cluster
+
+    monkeypatch.setattr(harness.cluster, "Cluster", _NoCluster)
+
+
 @pytest.mark.parametrize("case", [
     ((CalibrationOutcome.PASSED,), False, 0),
     ((CalibrationOutcome.PASSED, CalibrationOutcome.FAILED), False, 1),
@@ -97,6 +117,7 @@ def test_exit_codes_and_json_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     out = tmp_path / "r.json"
     args = _args(json=out, allow_host_limited=True) if allow else _args(json=out)
     assert cli_calibrate.cmd_calibrate(args) == code
+    assert isinstance(seen.pop("cluster"), _NoCluster)  # the command's own cluster, passed in
     assert seen == {"profile": "wan-5ms", "workers": 4, "backend": None, "pairs": None, "quick": False, "at": 0.0}
     assert json.loads(out.read_text())["profile"] == "wan-5ms"
     assert "calibration of wan-5ms" in capsys.readouterr().out
