@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from harness.assets import claims_file
+from harness.assets import AssetError, claims_file
 from harness.checks import Target, Verdict
 from harness.claimkinds import COMMON, KINDS, RUN_FIELDS, STANDARD, Claim, ClaimError, ClaimKind, Runner
 from harness.report import ClaimResult
@@ -90,7 +90,15 @@ def _claim(raw: Any, where: str) -> Claim:
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
-    """Every claim in the registry file, validated; ids are unique."""
+    """Every claim in the registry file, validated; ids are unique.
+
+    :raises AssetError: the shipped registry is missing (a broken install: environment, exit 3).
+    :raises ClaimError: a registry file named by the caller is missing or malformed (bad input).
+    """
+    if not path.is_file():
+        if path == CLAIMS_FILE:
+            raise AssetError(f"{path}: the shipped claims registry is missing: reinstall Squall")
+        raise ClaimError(f"{path}: no such claims file")
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, list):
         raise ClaimError(f"{path}: the registry must be a list of claims")

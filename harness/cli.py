@@ -260,11 +260,12 @@ def _main(argv: list[str] | None) -> int:
 def _run(args: argparse.Namespace) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    from harness.assets import AssetError
     from harness.cluster.errors import ClusterError, ClusterSpecError, EngineUnavailable, ImageError
 
     try:
         code: int = args.func(args)
-    except (EngineUnavailable, ImageError) as exc:
+    except (EngineUnavailable, ImageError, AssetError) as exc:
         logger.error("%s", exc)
         return EXIT_ENVIRONMENT
     except (ClusterSpecError, ValueError) as exc:

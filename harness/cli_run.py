@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.assets import find_matrix
 from harness.checks import Target, converged, run_time_to_target
 from harness.claims import load_claims
 from harness.experiment import ExperimentError
@@ -124,17 +125,21 @@ def format_summary(cell_id: str, trace: RunTrace, s: Mapping[str, Any], *, total
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    spec = load_matrix_file(args.file, known_protocols=PROTOCOLS)
+    try:
+        path = find_matrix(args.file)  # a path, or a shipped matrix by name (ci, stragglers, ...)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+    spec = load_matrix_file(path, known_protocols=PROTOCOLS)
     known = {c.id: c for c in load_claims()}
     unknown = [c for c in spec.claims if c not in known]
     if unknown:
-        raise ValueError(f"{args.file}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{path}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
     display = Display()
     try:
         with display.logging_above():
             results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
-                                 title=f"Squall matrix: {args.file.name}", observer=display)
+                                 title=f"Squall matrix: {path.name}", observer=display)
     finally:
         display.close()
     _, page = write_report(results, args.report)
@@ -206,7 +211,7 @@ def add_subparser(sub: Any) -> None:
     run.set_defaults(func=_cmd_run)
 
     matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")
-    matrix.add_argument("file", type=Path, help="matrix YAML (see matrices/)")
+    matrix.add_argument("file", help="matrix YAML, or a shipped matrix by name (ci, stragglers, compression, ...)")
     matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
     matrix.add_argument("--backend", choices=["netem", "nfqueue"])
     matrix.add_argument("--no-claims", action="store_true", help="skip the claims listed in the file")
