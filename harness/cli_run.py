@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness import provenance
 from harness.assets import find_matrix
 from harness.checks import Target, converged, run_time_to_target
 from harness.claims import load_claims
@@ -24,6 +25,7 @@ from harness.experiment import ExperimentError
 from harness.matrix import build_matrix, load_matrix_file
 from harness.progress import Display
 from harness.report import CellResult, ClaimResult, Results, load_results, write_report
+from harness.report_network import describe_profiles
 from harness.runner import Labs, run_matrix, target_of
 from harness.trace import RunTrace, trace_to_json
 from protocols.catalog import PROTOCOLS
@@ -50,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run["target"] = _target(args.target)
     cell = matrix.cells()[0]
     display = Display(label=cell.id())
-    t0 = time.monotonic()
+    t0, before = time.monotonic(), provenance.collect()
     try:
         with display.logging_above(), Labs(backend=args.backend, observer=display) as labs:
             from harness.experiment import RunSpec
@@ -68,7 +70,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
                                                                           (verdict,) if verdict else ()),),
                       meta={"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
-                            "duration_s": round(time.monotonic() - t0, 1), "run": dict(run)})
+                            "duration_s": round(time.monotonic() - t0, 1), "run": dict(run),
+                            "provenance": provenance.finish(before),
+                            "profiles": describe_profiles([(cell.profile, cell.workers)])})
     _, page = write_report(results, args.report)
     summary = run_summary(trace, target)
     if args.json:

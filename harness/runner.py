@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from harness import provenance
 from harness.checks import Target, Verdict, converged
 from harness.claims import Claim, evaluate
 from harness.experiment import ExperimentError, Lab, RunSpec, code_dir_of
 from harness.matrix import Cell, Matrix
 from harness.progress import Observer
 from harness.report import CellResult, ClaimResult, Results
+from harness.report_network import describe_profiles
 from harness.trace import RunTrace
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,7 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     target = target_of(run)
     todo = matrix.cells()
     t0 = time.monotonic()
+    before = provenance.collect()
     with Labs(backend=backend, observer=observer) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
@@ -114,7 +117,9 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
             progress(f"claim {claim.id}: {result.verdict.line()}")
         backends = labs.backends()
     meta = {"cells": len(cells), "claims": len(claim_results), "duration_s": round(time.monotonic() - t0, 1),
-            "shaping backend": ", ".join(backends) or "none", "run": dict(run)}
+            "shaping backend": ", ".join(backends) or "none", "run": dict(run),
+            "provenance": provenance.finish(before),
+            "profiles": describe_profiles((c.profile, c.workers) for c in todo)}
     return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), meta=meta)
 
 
