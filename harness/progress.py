@@ -21,7 +21,6 @@ cell's progress with ``cell_progress(label)`` (see :func:`cell_progress`).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -34,6 +33,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
+
+from harness.trace import json_records
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +72,7 @@ class MetricsTail:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        records = []
-        for line in lines:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                records.append(obj)
-        return records
+        return json_records(lines)
 
 
 @dataclass(frozen=True)

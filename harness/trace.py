@@ -142,10 +142,10 @@ def _first_wall(records: Sequence[Mapping[str, Any]]) -> float | None:
     return None
 
 
-def load_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a truncated last line (a crash mid-write) is dropped."""
+def json_records(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
+    """The JSON objects among ``lines``; a line that is not one (a truncated write) is skipped."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         try:
             obj = json.loads(line)
         except ValueError:
@@ -153,6 +153,11 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a truncated last line (a crash mid-write) is dropped."""
+    return json_records(path.read_text().splitlines())
 
 
 def trace_to_json(trace: RunTrace) -> dict[str, Any]:
