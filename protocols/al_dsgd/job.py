@@ -17,6 +17,7 @@ from protocols.common.config import RunConfig, run_config
 from protocols.common.device import DeviceModel
 from protocols.common.loop import train as train_loop
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.common.vote import TransportVote
 from protocols.job import JobContext
 from protocols.transport import TcpTransport
@@ -50,11 +51,4 @@ async def _train(ctx: JobContext, config: RunConfig) -> dict[str, Any]:
             vote=TransportVote(transport),
             write=ctx.metrics.write,
         )
-    return {
-        "task": config.task,
-        "algorithm": config.algorithm,
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "dim": task.dim,
-        **result.summary(),
-    }
+    return job_result(ctx, task=config.task, algorithm=config.algorithm, dim=task.dim, summary=result.summary())

@@ -14,6 +14,7 @@ from typing import Any
 from protocols.common.config import RunConfig, run_config
 from protocols.common.device import DeviceModel
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.common.vote import TransportVote
 from protocols.dropcompute.options import DropComputeOptions
 from protocols.dropcompute.protocol import NAME
@@ -48,11 +49,4 @@ async def _dropcompute(ctx: JobContext, config: RunConfig, options: DropComputeO
             write=ctx.metrics.write,
         )
         result = await trainer.run()
-    return {
-        "task": config.task,
-        "algorithm": NAME,
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "dim": task.dim,
-        **result.summary(),
-    }
+    return job_result(ctx, task=config.task, algorithm=NAME, dim=task.dim, summary=result.summary())

@@ -14,6 +14,7 @@ from typing import Any
 
 from protocols.common.config import RunConfig, run_config
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.job import JobContext
 from protocols.lossy_sgd.inbox import Inbox
 from protocols.lossy_sgd.link import LossyLink, interface_mtu
@@ -47,12 +48,4 @@ async def _lossy_sgd(ctx: JobContext, config: RunConfig, options: LossyOptions) 
         result = await trainer.run()
     finally:
         await link.close()
-    return {
-        "task": config.task,
-        "algorithm": NAME,
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "dim": task.dim,
-        "mtu": mtu,
-        **result.summary(),
-    }
+    return job_result(ctx, task=config.task, algorithm=NAME, dim=task.dim, mtu=mtu, summary=result.summary())

@@ -33,6 +33,7 @@ import torch
 from protocols.common.config import run_config
 from protocols.common.device import DeviceModel
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.common.tasks.sharding import derive_seed
 from protocols.job import JobContext
 from protocols.moshpit.averager import MoshpitAverager
@@ -67,14 +68,7 @@ def moshpit_train(ctx: JobContext) -> dict[str, Any]:
             summary = await trainer.run()
         finally:
             await averager.close()
-        return {
-            "task": config.task,
-            "algorithm": "moshpit",
-            "rank": ctx.rank,
-            "world_size": ctx.world_size,
-            "dim": task.dim,
-            **summary,
-        }
+        return job_result(ctx, task=config.task, algorithm="moshpit", dim=task.dim, summary=summary)
 
     return asyncio.run(main())
 

@@ -16,6 +16,7 @@ from typing import Any
 from protocols.common.config import RunConfig, run_config
 from protocols.common.device import DeviceModel
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.common.tasks.base import SupervisedTask, Task
 from protocols.common.vote import TransportVote
 from protocols.job import JobContext
@@ -82,13 +83,5 @@ async def _run(ctx: JobContext, config: RunConfig, options: NonblockingOptions) 
         trainer, epoch_size = trainer_for(task, transport, config, options, rank=ctx.rank,
                                           world_size=ctx.world_size, write=ctx.metrics.write)
         result = await trainer.run()
-    return {
-        "task": config.task,
-        "algorithm": config.algorithm,
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "dim": task.dim,
-        "nb_epoch_size": epoch_size,
-        "nb_microbatch_size": options.microbatch_size(config.loop.batch_size),
-        **result.summary(),
-    }
+    return job_result(ctx, task=config.task, algorithm=config.algorithm, dim=task.dim, nb_epoch_size=epoch_size,
+                      nb_microbatch_size=options.microbatch_size(config.loop.batch_size), summary=result.summary())

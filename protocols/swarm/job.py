@@ -13,6 +13,7 @@ from typing import Any
 from protocols.common.config import RunConfig, run_config
 from protocols.common.device import DeviceModel
 from protocols.common.optim import Sgd
+from protocols.common.run import job_result
 from protocols.job import JobContext
 from protocols.swarm.driver import SwarmTrainer
 from protocols.swarm.options import SwarmOptions
@@ -40,11 +41,5 @@ async def _swarm(ctx: JobContext, config: RunConfig, options: SwarmOptions) -> d
             write=ctx.metrics.write,
         )
         result = await trainer.run()
-    return {
-        "task": config.task,
-        "algorithm": "swarm",
-        "rank": ctx.rank,
-        "world_size": ctx.world_size,
-        "dim": task.dim,
-        **result.summary(),  # with the node's swarm_* counters (its stats() hook)
-    }
+    # the summary carries the node's swarm_* counters (its stats() hook)
+    return job_result(ctx, task=config.task, algorithm="swarm", dim=task.dim, summary=result.summary())

@@ -26,7 +26,7 @@ from protocols.common.run.records import (
     step_record,
     traffic_fields,
 )
-from protocols.common.run.result import Totals, TrainResult
+from protocols.common.run.result import Totals, TrainResult, job_result
 from protocols.common.run.settings import HIGHER_IS_BETTER, LoopConfig, Target
 from protocols.common.run.stopping import StopRules
 
@@ -43,6 +43,7 @@ __all__ = [
     "TrafficFn",
     "TrainResult",
     "eval_fields",
+    "job_result",
     "step_fields",
     "step_record",
     "traffic_fields",

@@ -10,6 +10,7 @@ import torch
 
 from protocols.common.fingerprint import Fingerprint
 from protocols.common.run.records import protocol_fields
+from protocols.job import JobContext
 
 
 @dataclass
@@ -66,3 +67,11 @@ class TrainResult:
             "projection": list(self.fingerprint.projection),
             **self.stats,
         }
+
+
+def job_result(ctx: JobContext, *, task: str, algorithm: str, dim: int, summary: Mapping[str, Any],
+               **extra: Any) -> dict[str, Any]:
+    """What a training job returns to the host: who ran what (task, algorithm, rank, world size, parameter
+    count), the job's own ``extra`` fields, then its result's summary (:meth:`TrainResult.summary`)."""
+    return {"task": task, "algorithm": algorithm, "rank": ctx.rank, "world_size": ctx.world_size, "dim": dim,
+            **extra, **summary}
