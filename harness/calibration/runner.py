@@ -55,14 +55,18 @@ def calibration_spec(workers: int) -> ClusterSpec:
 
 def calibrate(profile: Profile | str, *, workers: int, backend: str | None = None,
               pairs: Sequence[Link] | None = None, quick: bool = False, at: float = 0.0,
-              cluster: Cluster | None = None) -> CalibrationReport:
+              cluster: Cluster | None = None, shaper: Shaper | None = None) -> CalibrationReport:
     """Measure every checked link of ``profile`` (links in force at ``at`` seconds) on ``workers`` nodes.
 
     :param backend: "netem", "nfqueue" or None (netem where the kernel has it, else nfqueue).
     :param pairs: directed links to check; None checks all of them up to 12, else a sample.
     :param quick: a quarter of the packets for loss and shorter transfers (see the plan module).
     :param cluster: an existing, unshaped cluster of ``workers`` nodes to use instead of a new one.
+    :param shaper: the shaper already open on ``cluster`` (a lab's, between its cells): it is cleared for
+        the baseline, used for the probes and cleared again, not closed; None opens one and closes it.
     """
+    if shaper is not None and cluster is None:
+        raise ValueError("a shaper is passed only with the cluster it shapes")
     if workers < 2:
         raise ValueError(f"calibration needs at least 2 workers (it measures the links between them), got {workers}")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
@@ -79,9 +83,13 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
             raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {workers}")
         run = _Run(cluster, plan, state)
         load_before = os.getloadavg()[0]
+        if shaper is not None:
+            shaper.clear()
+            stack.callback(shaper.clear)
         baseline = run.baseline()
-        shaper = shaping.open_shaper(cluster.endpoints(), run_id=cluster.run_id, backend=backend)
-        stack.callback(shaper.close)
+        if shaper is None:
+            shaper = shaping.open_shaper(cluster.endpoints(), run_id=cluster.run_id, backend=backend)
+            stack.callback(shaper.close)
         evidence = run.shaped(shaper, baseline)
         used = shaper.backend
         run.notes.append(_load_note(load_before, os.getloadavg()[0]))
