@@ -22,6 +22,7 @@ from harness.assets import find_matrix
 from harness.checks import Target, converged, run_time_to_target
 from harness.claims import load_claims
 from harness.experiment import ExperimentError
+from harness.fidelity import SessionCalibration
 from harness.matrix import build_matrix, load_matrix_file
 from harness.progress import Display
 from harness.report import CellResult, ClaimResult, Results, load_results, write_report
@@ -54,7 +55,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     display = Display(label=cell.id())
     t0, before = time.monotonic(), provenance.collect()
     try:
-        with display.logging_above(), Labs(backend=args.backend, observer=display) as labs:
+        fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
+        with display.logging_above(), Labs(backend=args.backend, observer=display, fidelity=fidelity) as labs:
             from harness.experiment import RunSpec
 
             trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
@@ -69,6 +71,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     verdict = converged(trace, target) if target else None
     results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
                                                                           (verdict,) if verdict else ()),),
+                      calibration=tuple(fidelity.rows),
                       meta={"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
                             "duration_s": round(time.monotonic() - t0, 1), "run": dict(run),
                             "provenance": provenance.finish(before),
@@ -143,7 +146,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     try:
         with display.logging_above():
             results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
-                                 title=f"Squall matrix: {path.name}", observer=display)
+                                 title=f"Squall matrix: {path.name}", observer=display,
+                                 calibrate=spec.calibrate and not args.no_calibrate)
     finally:
         display.close()
     _, page = write_report(results, args.report)
@@ -211,6 +215,9 @@ def add_subparser(sub: Any) -> None:
     run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
     run.add_argument("--json", action="store_true")
+    run.add_argument("--calibrate", action="store_true",
+                     help="calibrate the profile's links quickly before training (the report then says how faithful "
+                          "the emulation was)")
     run.add_argument("--report", type=Path, default=Path("results/run"), help="report directory")
     run.set_defaults(func=_cmd_run)
 
@@ -219,6 +226,9 @@ def add_subparser(sub: Any) -> None:
     matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
     matrix.add_argument("--backend", choices=["netem", "nfqueue"])
     matrix.add_argument("--no-claims", action="store_true", help="skip the claims listed in the file")
+    matrix.add_argument("--no-calibrate", action="store_true",
+                        help="do not calibrate each profile before its first cell (the matrix key calibrate: false "
+                             "does the same)")
     matrix.set_defaults(func=_cmd_matrix)
 
     report = sub.add_parser("report", help="rebuild report.md and report.html from a results directory")

@@ -21,21 +21,21 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness import provenance
 from harness.assets import matrices_dir
-from harness.calibration import calibrate
 from harness.checks import Target, Verdict, converged
 from harness.cluster import Cluster
 from harness.experiment import ExperimentError, Lab, RunSpec
+from harness.fidelity import SessionCalibration
 from harness.matrix import Matrix, load_matrix_file
 from harness.report import CellResult, Results, write_report
 from harness.report_compare import Comparison, cell_figures, compare, megabytes
-from harness.report_network import calibration_rows, describe_profiles, fidelity_by_profile
+from harness.report_network import describe_profiles, fidelity_by_profile
 from harness.runner import stderr_progress, target_of
 from harness.trace import RunTrace
 from protocols.catalog import PROTOCOLS
@@ -43,31 +43,7 @@ from protocols.catalog import PROTOCOLS
 logger = logging.getLogger(__name__)
 
 DEMO_MATRIX = matrices_dir() / "demo.yaml"  # shipped: package data, or the checkout's matrices/
-#: Links each profile's calibration probes: two disjoint directed links, with the quick budget.
-CALIBRATION_LINKS = ((0, 1), (2, 3))
-
 Progress = Callable[[str], None]
-
-
-def calibrate_profiles(cluster: Cluster, profiles: Sequence[str], workers: int,
-                       progress: Progress) -> list[dict[str, Any]]:
-    """Quick calibration of each profile on ``cluster`` (unshaped between them): ``Results.calibration`` rows."""
-    rows: list[dict[str, Any]] = []
-    for profile in profiles:
-        t = time.monotonic()
-        try:
-            report = calibrate(profile, workers=workers, quick=True, cluster=cluster, pairs=list(CALIBRATION_LINKS))
-        except Exception as exc:  # a calibration that cannot run says so on the page; the demo goes on
-            logger.warning("calibration of %s failed: %s", profile, exc)
-            rows.append({"profile": profile, "backend": "-", "link": "all", "quantity": "calibration",
-                         "configured": "-", "measured": "-", "tolerance": "-", "verdict": "failed", "why": str(exc)})
-            progress(f"calibration {profile}: ERROR {exc}")
-            continue
-        mine = calibration_rows(report.to_dict())
-        rows += mine
-        counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
-        progress(f"calibration {profile}: {report.verdict.value} in {time.monotonic() - t:.1f} s ({counts})")
-    return rows
 
 
 def run_cells(lab: Lab, matrix: Matrix, run: dict[str, Any], target: Target | None,
@@ -135,7 +111,9 @@ def run_demo(*, workers: int = 4, as_json: bool = False, report: Path = Path("re
     progress(f"starting {workers} containers")
     with Cluster(Lab(workers=workers).spec) as cluster:  # one cluster: calibrated, then trained on
         t = time.monotonic()
-        cal = calibrate_profiles(cluster, matrix.profiles, workers, progress) if calibration else []
+        fidelity = SessionCalibration(enabled=calibration, progress=progress)
+        for profile in matrix.profiles:  # unshaped between them: no lab, no shaper yet
+            fidelity.ensure(profile, cluster, workers)
         calibration_s = time.monotonic() - t
         with Lab(workers=workers, cluster=cluster) as lab:
             backend = lab.backend
@@ -144,7 +122,7 @@ def run_demo(*, workers: int = 4, as_json: bool = False, report: Path = Path("re
             "calibration_s": round(calibration_s, 1), "shaping backend": backend, "run": run,
             "provenance": provenance.finish(prov),
             "profiles": describe_profiles((p, workers) for p in matrix.profiles)}
-    results = Results(title="Squall demo", cells=tuple(cells), calibration=tuple(cal), meta=meta)
+    results = Results(title="Squall demo", cells=tuple(cells), calibration=tuple(fidelity.rows), meta=meta)
     _, page = write_report(results, report)
     comparison = compare([cell_figures(c.trace, target) for c in cells if c.trace.records])
     reached = all(v.passed for c in cells for v in c.verdicts)

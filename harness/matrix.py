@@ -133,18 +133,23 @@ class MatrixFile:
     matrix: Matrix  # the cells
     run: Mapping[str, Any]  # RunSpec fields for every cell (seconds, target, lr, task, config...)
     claims: tuple[str, ...]  # claim ids from claims.yaml
+    calibrate: bool = True  # calibrate each profile quickly before its first cell (key ``calibrate``)
 
 
 def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFile:
-    """A matrix file: the four matrix keys plus optional ``run`` (RunSpec fields) and ``claims`` (ids)."""
+    """A matrix file: the four matrix keys plus optional ``run`` (RunSpec fields), ``claims`` (ids) and
+    ``calibrate`` (true or false)."""
     raw = _read(path)
     run, claims = raw.pop("run", {}) or {}, raw.pop("claims", []) or []
+    calibrate = raw.pop("calibrate", True)
+    if not isinstance(calibrate, bool):
+        raise MatrixError(f"{path}: calibrate: expected true or false, got {calibrate!r}")
     if not isinstance(run, dict):
         raise MatrixError(f"{path}: run: expected a mapping of RunSpec fields, got {run!r}")
     if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
         raise MatrixError(f"{path}: claims: expected a list of claim ids, got {claims!r}")
     matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols)
-    return MatrixFile(matrix, run, tuple(claims))
+    return MatrixFile(matrix, run, tuple(claims), calibrate)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from harness import provenance
 from harness.checks import Target, Verdict, converged
 from harness.claims import Claim, evaluate
 from harness.experiment import ExperimentError, Lab, RunSpec, code_dir_of
+from harness.fidelity import SessionCalibration
 from harness.matrix import Cell, Matrix
 from harness.progress import Observer
 from harness.report import CellResult, ClaimResult, Results
@@ -37,11 +38,16 @@ def stderr_progress(line: str) -> None:
 
 
 class Labs:
-    """One lab per (cluster size, third-party code), started on first use, all closed at the end."""
+    """One lab per (cluster size, third-party code), started on first use, all closed at the end.
 
-    def __init__(self, *, backend: str | None, observer: Observer | None = None) -> None:
+    With ``fidelity``, each profile is calibrated on the first lab that runs it, before its first run.
+    """
+
+    def __init__(self, *, backend: str | None, observer: Observer | None = None,
+                 fidelity: SessionCalibration | None = None) -> None:
         self.backend = backend
         self.observer = observer
+        self.fidelity = fidelity
         self._labs: dict[tuple[int, tuple[str, ...]], Lab] = {}
 
     def get(self, workers: int, protocol: str) -> Lab:
@@ -53,7 +59,12 @@ class Labs:
         return self._labs[key]
 
     def run(self, spec: RunSpec, workers: int) -> RunTrace:
-        return self.get(workers, spec.protocol).run(spec)
+        lab = self.get(workers, spec.protocol)
+        if self.fidelity is not None:
+            if self.observer is not None:
+                self.observer.stage("calibrating", spec.profile)
+            self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
+        return lab.run(spec)
 
     def backends(self) -> list[str]:
         """Shaping backends of the labs started so far."""
@@ -88,10 +99,12 @@ def target_of(run: Mapping[str, Any]) -> Target | None:
 
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
                progress: Progress = logger.info, title: str = "Squall matrix",
-               observer: Observer | None = None) -> Results:
+               observer: Observer | None = None, calibrate: bool = True) -> Results:
     """Run every cell (and claim) and collect the results for the report.
 
-    :param progress: gets one line per cell and claim (its verdict).
+    :param progress: gets one line per cell and claim (its verdict), and one per calibration.
+    :param calibrate: quickly calibrate each profile before its first cell (:mod:`harness.fidelity`);
+        the report flags cells run on a profile whose calibration failed.
     :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
     """
     cells: list[CellResult] = []
@@ -100,7 +113,8 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     todo = matrix.cells()
     t0 = time.monotonic()
     before = provenance.collect()
-    with Labs(backend=backend, observer=observer) as labs:
+    fidelity = SessionCalibration(enabled=calibrate, progress=progress)
+    with Labs(backend=backend, observer=observer, fidelity=fidelity) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
             if observer is not None:
@@ -120,7 +134,10 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
             "shaping backend": ", ".join(backends) or "none", "run": dict(run),
             "provenance": provenance.finish(before),
             "profiles": describe_profiles((c.profile, c.workers) for c in todo)}
-    return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), meta=meta)
+    if not calibrate:
+        meta["calibration"] = "off: the emulation of these profiles was not checked in this run"
+    return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), calibration=tuple(fidelity.rows),
+                   meta=meta)
 
 
 def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,
