@@ -18,7 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from harness.cluster import Cluster, ClusterError, ClusterSpec, Mount
+from harness.cluster import ClusterError, ClusterSpec, Mount
+from harness.cluster.backend import ClusterBackend, open_cluster
 from harness.cluster.cluster import SRC_MOUNT, JobHandle
 from harness.cluster.image import REPO_ROOT as SQUALL_ROOT
 from harness.cluster.jobs import JobResult
@@ -70,18 +71,20 @@ class Lab:
     """A cluster and a shaper, reused across cells."""
 
     def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
-                 cluster: Cluster | None = None, code: tuple[str, ...] = (), progress: Observer | None = None) -> None:
+                 cluster: ClusterBackend | None = None, code: tuple[str, ...] = (), progress: Observer | None = None,
+                 engine: str = "local") -> None:
         """:param code: host directories holding third-party protocol packages, mounted read-only
             into every container and put on its PYTHONPATH.
         :param progress: told each stage (starting cluster, shaping, training, collecting,
-            teardown) and given the workers' metrics files while they train (:mod:`harness.progress`)."""
+            teardown) and given the workers' metrics files while they train (:mod:`harness.progress`).
+        :param engine: "local" (this machine's Docker) or "swarm" (:mod:`harness.cluster.backend`)."""
         self.workers = workers
         self.progress: Observer = progress if progress is not None else Quiet()
         self.backend_wanted = backend
         mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
         pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
         self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
-                                env=(("PYTHONPATH", pythonpath),))
+                                env=(("PYTHONPATH", pythonpath),), engine=engine)
         self.cluster = cluster
         self._own_cluster = cluster is None
         self.shaper: Shaper | None = None
@@ -90,13 +93,10 @@ class Lab:
     def __enter__(self) -> Lab:
         if self.cluster is None:
             self.progress.stage("starting cluster", f"{self.workers} workers")
-            self.cluster = Cluster(self.spec).start()
+            self.cluster = open_cluster(self.spec).start()
         try:
-            from harness.shaping import open_shaper
-
             self.progress.stage("shaping", "choosing the backend")
-            self.shaper = open_shaper(self.cluster.endpoints(), run_id=self.cluster.run_id,
-                                      backend=self.backend_wanted)
+            self.shaper = self.cluster.open_shaper(self.backend_wanted)
         except BaseException:
             self.close()
             raise
@@ -167,7 +167,9 @@ class Lab:
         meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
                 "budget_steps": spec.steps, "failures": [r.describe() for runs in lives for r in runs if not r.ok],
                 "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness,
-                "rejoined": sorted({r.node for r in later})}
+                "rejoined": sorted({r.node for r in later}), "engine": cluster.engine,
+                "placement": [cluster.placement().get(i, "?") for i in range(self.workers)],
+                "clock_offsets_s": cluster.clock_offsets()}
         per_worker = [[rec for r in runs for rec in r.metrics()] for runs in lives]
         return build_trace(protocol=spec.protocol, profile=profile.name, seed=spec.seed, backend=shaper.backend,
                            per_worker=per_worker, start_wall=start_wall,
@@ -185,7 +187,7 @@ class Lab:
         config.update(spec.config)
         return config
 
-    def _do(self, action: Action, profile: Profile, cluster: Cluster, shaper: Shaper,
+    def _do(self, action: Action, profile: Profile, cluster: ClusterBackend, shaper: Shaper,
             rejoin: _Rejoin | None = None) -> None:
         if action.kind == "reshape":
             shaper.apply(state_at(profile, self.workers, action.at_s))
@@ -204,7 +206,7 @@ class Lab:
             else:
                 raise ExperimentError(f"unknown churn action {action.kind!r}")
 
-    def _recover(self, cluster: Cluster, shaper: Shaper) -> None:
+    def _recover(self, cluster: ClusterBackend, shaper: Shaper) -> None:
         """Bring every node back for the next cell: unpause, restart the dead, re-shape the new."""
         for node in list(cluster.nodes):
             state = cluster.state(node.index)
@@ -214,7 +216,7 @@ class Lab:
                 logger.info("bringing node %d back after churn", node.index)
                 shaper.replace_endpoint(cluster.restart(node.index).endpoint)
 
-    def _require(self) -> tuple[Cluster, Shaper]:
+    def _require(self) -> tuple[ClusterBackend, Shaper]:
         if self.cluster is None or self.shaper is None:
             raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
         return self.cluster, self.shaper
@@ -227,7 +229,7 @@ class _Rejoin:
     :meth:`start`; :meth:`wait` collects every such run once the first ones are over.
     """
 
-    def __init__(self, cluster: Cluster, entry: str, config: Mapping[str, Any],
+    def __init__(self, cluster: ClusterBackend, entry: str, config: Mapping[str, Any],
                  per_node: Mapping[int, Mapping[str, Any]], *, seed: int, start: float, duration: float) -> None:
         self.cluster = cluster
         self.entry = entry
@@ -264,7 +266,7 @@ class _Rejoin:
         return [r for h in handles for r in h.wait(raise_on_failure=False)]
 
 
-def _all_down(cluster: Cluster) -> str:
+def _all_down(cluster: ClusterBackend) -> str:
     """Why every node may have failed at once, as a parenthesis: no engine, or no container running."""
     try:
         down = [node.index for node in cluster.nodes if not cluster.state(node.index).running]

@@ -37,6 +37,7 @@ from harness.calibration.probing import run_tcp, run_tcp_rtt, run_udp
 from harness.calibration.report import CalibrationReport
 from harness.calibration.verdicts import JITTER_STALL_FRACTION, RATE_REL
 from harness.cluster import Cluster, ClusterSpec
+from harness.cluster.backend import ClusterBackend
 from harness.profiles import Profile, load_profile
 from harness.profiles.settings import calm
 from harness.shaping.base import BACKENDS, LinkState, Shaper, ShapingError
@@ -55,7 +56,7 @@ def calibration_spec(workers: int) -> ClusterSpec:
 
 def calibrate(profile: Profile | str, *, workers: int, backend: str | None = None,
               pairs: Sequence[Link] | None = None, quick: bool = False, at: float = 0.0,
-              cluster: Cluster | None = None, shaper: Shaper | None = None) -> CalibrationReport:
+              cluster: ClusterBackend | None = None, shaper: Shaper | None = None) -> CalibrationReport:
     """Measure every checked link of ``profile`` (links in force at ``at`` seconds) on ``workers`` nodes.
 
     :param backend: "netem", "nfqueue" or None (netem where the kernel has it, else nfqueue).
@@ -88,7 +89,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
             stack.callback(shaper.clear)
         baseline = run.baseline()
         if shaper is None:
-            shaper = shaping.open_shaper(cluster.endpoints(), run_id=cluster.run_id, backend=backend)
+            shaper = cluster.open_shaper(backend)
             stack.callback(shaper.close)
         evidence = run.shaped(shaper, baseline)
         used = shaper.backend
@@ -101,7 +102,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
 class _Run:
     """The measuring steps of one calibration, with what went wrong on the way."""
 
-    def __init__(self, cluster: Cluster, plan: ProbePlan, state: LinkState) -> None:
+    def __init__(self, cluster: ClusterBackend, plan: ProbePlan, state: LinkState) -> None:
         self.cluster, self.plan, self.state = cluster, plan, state
         self.errors: list[str] = []
         self.notes: list[str] = []

@@ -42,9 +42,9 @@ from harness.cluster.errors import ClusterError, ClusterSpecError, ImageError, J
 from harness.cluster.image import REPO_ROOT, current_worker_tag
 from harness.cluster.jobs import JobResult
 from harness.cluster.ownership import LABEL_NODE, Owner, new_run_id, state_root, write_owner
-from harness.cluster.spec import ClusterSpec, node_address
+from harness.cluster.spec import LOCAL, ClusterSpec, node_address
 from harness.cluster.subnets import overlapping, pick_free
-from harness.shaping.base import Endpoint
+from harness.shaping.base import Endpoint, Shaper
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,9 @@ class JobHandle:
 
 
 class Cluster:
-    """Worker containers with agents, on an internal network unique to this run."""
+    """Worker containers with agents, on an internal network unique to this run (the ``local`` engine)."""
+
+    engine = LOCAL
 
     def __init__(self, spec: ClusterSpec, *, client: Any | None = None, run_id: str | None = None,
                  state_dir: Path | None = None) -> None:
@@ -374,6 +376,20 @@ class Cluster:
         """What the shaping layer needs of each node: index, address and network namespace."""
         self._require_running()
         return [n.endpoint for n in self.nodes]
+
+    def placement(self) -> dict[int, str]:
+        """Every worker runs on this machine."""
+        return {n.index: LOCAL for n in self.nodes}
+
+    def clock_offsets(self) -> dict[str, float]:
+        """One machine, one clock."""
+        return {LOCAL: 0.0}
+
+    def open_shaper(self, backend: str | None = None) -> Shaper:
+        """A shaper running in this process, entering the containers' namespaces through /proc."""
+        from harness.shaping import open_shaper
+
+        return open_shaper(self.endpoints(), run_id=self.run_id, backend=backend)
 
     # -- churn ------------------------------------------------------------------------------------
     def kill(self, index: int) -> None:

