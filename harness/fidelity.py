@@ -42,6 +42,7 @@ class SessionCalibration:
         self.progress = progress
         self.rows: list[dict[str, Any]] = []
         self.verdicts: dict[str, str] = {}  # profile -> "faithful", "failed", ... (what the rows add up to)
+        self.failures: dict[str, list[str]] = {}  # profile -> why each of its failed checks failed
 
     def ensure(self, profile: str, cluster: Any, workers: int, *, shaper: Any = None) -> None:
         """Calibrate ``profile`` on ``cluster`` (and the shaper open on it) unless done or disabled."""
@@ -60,9 +61,12 @@ class SessionCalibration:
                               "configured": "-", "measured": "-", "tolerance": "-", "verdict": FAILED,
                               "why": f"the calibration could not run: {exc}"})
             self.verdicts[profile] = FAILED
+            self.failures[profile] = [f"the calibration could not run: {exc}"]
             self.progress(f"calibration {profile}: could not run ({exc})")
             return
-        self.rows += calibration_rows(report.to_dict())
+        rows = calibration_rows(report.to_dict())
+        self.rows += rows
+        self.failures[profile] = [f"{r['link']} {r['quantity']}: {r['why']}" for r in rows if r["verdict"] == FAILED]
         self.verdicts[profile] = report.verdict.value
         counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
         self.progress(f"calibration {profile}: {report.verdict.value} in {time.monotonic() - t:.1f} s ({counts})")

@@ -10,8 +10,14 @@ Registered through the ``pytest11`` entry point, so any project with Squall inst
 
 Options (``pytest --help``, group "squall"): ``--squall-profiles``, ``--squall-protocols``,
 ``--squall-workers``, ``--squall-seeds``, ``--squall-backend``, ``--squall-seconds``,
-``--squall-matrix FILE_OR_NAME``, ``--squall-report DIR``. A marker's arguments override the options,
-which override the matrix file. Test ids read ``ring-wan_5ms-w8``.
+``--squall-matrix FILE_OR_NAME``, ``--squall-report DIR``, ``--squall-calibrate on|off``. A marker's
+arguments override the options, which override the matrix file. Test ids read ``ring-wan_5ms-w8``.
+
+Before a profile's first cell the session calibrates it quickly on that cell's cluster (once per
+profile, :mod:`harness.fidelity`; ``--squall-calibrate off`` or the matrix file's ``calibrate: false``
+turn it off): the report flags cells run on links that failed it, and the terminal summary lists
+each profile's verdict. Cells show their stage and training live on the terminal pytest started on
+(plain lines when that is not a terminal).
 
 Fixtures: ``squall_cell`` (the :class:`~harness.matrix.Cell` of this test), ``squall_lab`` (a
 started :class:`~harness.experiment.Lab` for the cell's size, shared by the whole session),
@@ -22,6 +28,7 @@ failed and unknown both fail the test; figures go to the JUnit XML and the repor
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -52,6 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--squall-matrix", help="matrix YAML with protocols/profiles/workers/seeds: a path, or a shipped "
                                             "matrix by name (ci, demo, ...)")
     group.addoption("--squall-report", type=Path, help="write results.json, report.md and report.html here")
+    group.addoption("--squall-calibrate", choices=["on", "off"], default=None,
+                    help="calibrate each profile quickly before its first cell (default on; the matrix file's "
+                         "calibrate: false turns it off too)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -184,6 +194,8 @@ class SquallSession:
         self.matrix_run: dict[str, Any] = {}  # RunSpec fields of --squall-matrix's run: section
         self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
         self.profiles: list[tuple[str, int]] = []  # (profile name or path, cluster size) of every cell run
+        self.matrix_calibrate = True  # the matrix file's calibrate: key
+        self._fidelity: Any = None  # harness.fidelity.SessionCalibration, made on first use
         from harness import provenance
 
         self.provenance = provenance.collect()  # for the report's reproduce block
@@ -207,6 +219,7 @@ class SquallSession:
                 path = self.matrix_file(str(wanted))
                 shipped = load_matrix_file(path, known_protocols=PROTOCOLS)
                 self.matrix_run = dict(shipped.run)  # the file's run: section, under the options and markers
+                self.matrix_calibrate = shipped.calibrate
                 m = shipped.matrix
                 raw.update(protocols=list(m.protocols), profiles=list(m.profiles), workers=list(m.workers),
                            seeds=list(m.seeds))
@@ -245,18 +258,60 @@ class SquallSession:
         if self.checked[protocol]:
             raise pytest.UsageError(f"{where}: protocol {protocol!r}: {self.checked[protocol]}")
 
-    def lab(self, workers: int, code: tuple[str, ...]) -> Any:
+    def lab(self, workers: int, code: tuple[str, ...], *, label: str = "") -> Any:
+        """The session's lab for this size and code, its live display labelled with the running test."""
         from harness.experiment import Lab
+        from harness.progress import cell_progress
 
         key = (workers, code)
         if key not in self.labs:
-            self.labs[key] = Lab(workers=workers, backend=self.option("backend"), code=code).__enter__()
-        return self.labs[key]
+            capture = self.config.pluginmanager.getplugin("capturemanager")
+            guard = capture.global_and_fixture_disabled if capture is not None else None
+            self.labs[key] = Lab(workers=workers, backend=self.option("backend"), code=code,
+                                 progress=cell_progress(label, guard=guard)).__enter__()
+        lab = self.labs[key]
+        if hasattr(lab.progress, "label"):
+            lab.progress.label = label
+        return lab
+
+    @property
+    def fidelity(self) -> Any:
+        """The session's calibrations (:class:`harness.fidelity.SessionCalibration`)."""
+        if self._fidelity is None:
+            from harness.fidelity import SessionCalibration
+
+            wanted = self.option("calibrate")
+            enabled = wanted == "on" if wanted is not None else self.matrix_calibrate
+            self._fidelity = SessionCalibration(enabled=enabled, progress=logger.info)
+        return self._fidelity
+
+    def run(self, spec: Any, workers: int, *, label: str = "") -> Any:
+        """Calibrate ``spec.profile`` if this session has not yet, then run ``spec`` on the lab of that size."""
+        from harness.experiment import code_dir_of
+
+        code = code_dir_of(spec.protocol)
+        lab = self.lab(workers, (code,) if code else (), label=label)
+        if self.fidelity.enabled and spec.profile not in self.fidelity.verdicts:
+            lab.progress.stage("calibrating", str(spec.profile))
+            self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
+        return lab.run(spec)
 
     def close(self) -> None:
-        for lab in self.labs.values():
-            lab.close()
+        labs = list(self.labs.values())
         self.labs.clear()
+        errors: list[BaseException] = []
+        try:
+            for lab in labs:  # each lab is closed even when another one's teardown failed
+                try:
+                    lab.close()
+                except Exception as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+        finally:
+            for lab in labs:
+                with contextlib.suppress(Exception):
+                    lab.progress.close()
 
 
 def _require_docker() -> None:
@@ -280,13 +335,13 @@ def squall_session(request: pytest.FixtureRequest) -> Iterator[SquallSession]:
 
 
 @pytest.fixture
-def squall_lab(squall_cell: Any, squall_session: SquallSession) -> Any:
+def squall_lab(request: pytest.FixtureRequest, squall_cell: Any, squall_session: SquallSession) -> Any:
     """Name: squall_lab. Scope: function (the lab itself lives for the session). Depends: Docker."""
     from harness.experiment import code_dir_of
 
     _require_docker()
     code = code_dir_of(squall_cell.protocol)
-    return squall_session.lab(squall_cell.workers, (code,) if code else ())
+    return squall_session.lab(squall_cell.workers, (code,) if code else (), label=request.node.nodeid)
 
 
 def _spec_from(cell: Any, marker: pytest.Mark | None, session: SquallSession, **over: Any) -> Any:
@@ -306,9 +361,11 @@ def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: A
                  squall_session: SquallSession) -> Any:
     """Name: squall_trace. Scope: function. Depends: squall_cell, squall_lab. The cell's RunTrace."""
     spec = _spec_from(squall_cell, request.node.get_closest_marker(MARKER), squall_session)
-    trace = squall_lab.run(spec)
+    trace = squall_session.run(spec, squall_cell.workers, label=request.node.nodeid)
     request.node.stash[_TRACE] = trace
     request.node.user_properties.append(("squall_backend", trace.backend))
+    calibrated = squall_session.fidelity.verdicts.get(spec.profile)
+    request.node.user_properties.append(("squall_calibration", calibrated or "not calibrated"))
     return trace
 
 
@@ -317,15 +374,12 @@ _VERDICTS = pytest.StashKey[list[Any]]()
 
 
 @pytest.fixture
-def squall_run(squall_session: SquallSession) -> Callable[..., Any]:
+def squall_run(request: pytest.FixtureRequest, squall_session: SquallSession) -> Callable[..., Any]:
     """Name: squall_run. Scope: function. Depends: Docker. ``squall_run(RunSpec, workers=N)`` -> RunTrace."""
 
     def run(spec: Any, *, workers: int) -> Any:
-        from harness.experiment import code_dir_of
-
         _require_docker()
-        code = code_dir_of(spec.protocol)
-        return squall_session.lab(workers, (code,) if code else ()).run(spec)
+        return squall_session.run(spec, workers, label=request.node.nodeid)
 
     return run
 
@@ -379,5 +433,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         target = squall.matrix_run.get("target")
         if target:
             meta["target"] = dict(target)
-        _, page = write_report(Results(title="Squall matrix", cells=tuple(squall.cells), meta=meta), directory)
+        calibration = tuple(squall.fidelity.rows)
+        if not squall.fidelity.enabled:
+            meta["calibration"] = "off: the emulation of these profiles was not checked in this run"
+        _, page = write_report(Results(title="Squall matrix", cells=tuple(squall.cells), calibration=calibration,
+                                       meta=meta), directory)
         logger.info("squall report: %s", page)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line per profile the session calibrated: was its emulation faithful?"""
+    squall: SquallSession | None = config.stash.get(SESSION_KEY, None)
+    if squall is None or squall._fidelity is None or not squall.fidelity.verdicts:
+        return
+    terminalreporter.section("squall calibration")
+    for profile, verdict in squall.fidelity.verdicts.items():
+        why = squall.fidelity.failures.get(profile, [])
+        terminalreporter.write_line(f"{profile}: {verdict}" + (f" ({'; '.join(why[:3])})" if why else ""))

@@ -3,6 +3,7 @@ protocol package that lives outside Squall, verdicts in JUnit XML, and the HTML 
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -74,6 +75,16 @@ def test_a_third_party_protocol_runs_through_the_plugin(pytester: pytest.Pyteste
     assert props["squall_converged_verdict"] == "pass"
     assert float(props["squall_converged_measured"]) > 0
     assert props["squall_backend"] in ("netem", "nfqueue")
+    # wan-5ms was calibrated once, before its first cell, on the session's own cluster: the summary says how it
+    # went, each cell records it, and the page has the calibration's rows (whatever the busy host let it judge)
+    outcomes = ("passed", "failed", "unknown", "host-limited")
+    result.stdout.re_match_lines([r".*squall calibration.*", rf"wan-5ms: ({'|'.join(outcomes)})\b.*"])
+    assert props["squall_calibration"] in outcomes
+    results = json.loads((report / "results.json").read_text())
+    checked = [r for r in results["calibration"] if r["profile"] == "wan-5ms"]
+    assert {r["link"] for r in checked} >= {"0->1", "2->3"}
+    assert {"delay"} <= {r["quantity"] for r in checked}
+    assert len([r for r in checked if r["link"] == "0->1" and r["quantity"] == "delay"]) == 1  # once, not per cell
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.matrix import Cell, MatrixError, build_matrix, load_matrix
+from harness.matrix import Cell, MatrixError, build_matrix, load_matrix, load_matrix_file
 
 KNOWN = ["ring", "butterfly", "dpsgd"]
 
@@ -52,3 +52,15 @@ def test_load_matrix_file_errors(tmp_path: Path) -> None:
         load_matrix(path, known_protocols=KNOWN)
     path.write_text("protocols: [ring]\nprofiles: [lan]\nworkers: [2]\n")
     assert load_matrix(path, known_protocols=KNOWN).ids() == ["ring-lan-w2"]
+
+
+def test_matrix_file_calibrate_key(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    base = "protocols: [ring]\nprofiles: [lan]\nworkers: [2]\n"
+    path.write_text(base)
+    assert load_matrix_file(path, known_protocols=KNOWN).calibrate is True  # on unless the file says otherwise
+    path.write_text(base + "calibrate: false\n")
+    assert load_matrix_file(path, known_protocols=KNOWN).calibrate is False
+    path.write_text(base + "calibrate: sometimes\n")
+    with pytest.raises(MatrixError, match=r"m\.yaml: calibrate: expected true or false, got 'sometimes'"):
+        load_matrix_file(path, known_protocols=KNOWN)
