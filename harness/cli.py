@@ -222,11 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions() -> list[Callable[[Any], None]]:
     """Sub-commands that live in their own modules."""
     from harness.cli_calibrate import add_subparser as calibrate
+    from harness.cli_doctor import add_subparser as doctor
+    from harness.cli_kube import add_subparser as kube
     from harness.cli_profiles import add_subparser as profiles
     from harness.cli_protocols import add_subparser as protocols
     from harness.cli_run import add_subparser as run
 
-    return [profiles, calibrate, run, protocols]
+    return [profiles, calibrate, run, protocols, doctor, kube]
 
 
 def main(argv: list[str] | None = None) -> int:

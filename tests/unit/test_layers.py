@@ -61,7 +61,8 @@ HARNESS_LAYERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "claims": (frozenset({"harness.claims", "harness.claimkinds", "harness.runner"}),
                frozenset({"checks", "trace", "report", "matrix", "experiment", "protocol entry"})),
     "front": (frozenset({"harness.cli", "harness.cli_calibrate", "harness.cli_profiles", "harness.cli_protocols",
-                         "harness.cli_run", "harness.demo", "harness.pytest_plugin"}),
+                         "harness.cli_run", "harness.cli_doctor", "harness.cli_kube", "harness.demo",
+                         "harness.pytest_plugin"}),
               frozenset({"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix",
                          "report", "experiment", "claims", "front", "protocol entry", "protocol common"})),
 }
