@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def cluster_part(workers: int, repeats: int) -> dict[str, Any]:
             changes: dict[str, list[float]] = {kind: [] for kind in away}
             for _ in range(repeats):
                 for kind, other in away.items():
-                    changes[kind] += [timed(lambda o=other: shaper.apply(o)), timed(lambda: shaper.apply(wan))]
+                    changes[kind] += [timed(partial(shaper.apply, other)), timed(partial(shaper.apply, wan))]
             shaper.check()
             results = cluster.run_job("echo_mesh", {"participants": [0, workers - 1]}, nodes=[0, workers - 1],
                                       timeout=60)
