@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from docker.errors import NotFound
+
 from harness.cluster.errors import ClusterError
 
 logger = logging.getLogger(__name__)
@@ -236,15 +238,18 @@ def _pid_facts(client: Any, container_ids: Sequence[str] | None, proc: Path) -> 
         container_ids = [c.id for c in client.containers.list(limit=PID_SAMPLE, filters={"status": "running"})]
     facts: list[PidFact] = []
     for cid in container_ids:
-        state = client.api.inspect_container(cid)
-        full, pid = state["Id"], int(state["State"].get("Pid") or 0)
-        if not state["State"].get("Running") or pid <= 0:
-            continue
-        seen = container_at_pid(full, pid, proc)
-        if seen != "match":  # it may have stopped between the inspect and the read: ask again
-            again = client.api.inspect_container(full)
-            if not again["State"].get("Running") or int(again["State"].get("Pid") or 0) != pid:
+        try:
+            state = client.api.inspect_container(cid)
+            full, pid = state["Id"], int(state["State"].get("Pid") or 0)
+            if not state["State"].get("Running") or pid <= 0:
                 continue
+            seen = container_at_pid(full, pid, proc)
+            if seen != "match":  # it may have stopped between the inspect and the read: ask again
+                again = client.api.inspect_container(full)
+                if not again["State"].get("Running") or int(again["State"].get("Pid") or 0) != pid:
+                    continue
+        except NotFound:  # removed meanwhile (another run's container): no evidence either way
+            continue
         facts.append(PidFact(full, pid, seen))
     return facts
 

@@ -199,3 +199,10 @@ def test_remote_docker_host_is_refused_without_asking_the_engine(docker_client: 
         require_local_engine(NoCalls(), environ={"DOCKER_HOST": "tcp://10.1.2.3:2376"})
     # the same check with the real client and the real environment says local
     assert engine_locality(docker_client).local
+
+
+def test_a_container_gone_meanwhile_is_no_evidence(docker_client: Any) -> None:
+    """Another run's container removed between the listing and the inspect is skipped, not an error."""
+    got = gather(docker_client, container_ids=["0" * 64], environ={})
+    assert got.pids == ()
+    assert decide(got).local
