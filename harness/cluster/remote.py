@@ -194,9 +194,11 @@ def decide(facts: Facts) -> Locality:
         if pf.seen == "match":
             for_.append(f"container {short}'s pid {pf.pid} is that container in this machine's /proc")
         elif pf.seen == "absent":
-            against.append(f"container {short}'s pid {pf.pid} does not exist on this machine")
+            against.append(f"container {short}'s pid {pf.pid} does not exist on this machine "
+                           "(or this process runs in another pid namespace)")
         else:
-            against.append(f"container {short}'s pid {pf.pid} is another process on this machine")
+            against.append(f"container {short}'s pid {pf.pid} is another process on this machine "
+                           "(or this process runs in another pid namespace)")
     if facts.engine_name and facts.local_name and facts.engine_name != facts.local_name:
         neutral.append(f"the engine's host is named {facts.engine_name!r}, this one {facts.local_name!r} (a hint only)")
     evidence = tuple(against + for_ + neutral)
@@ -299,7 +301,8 @@ def require_local_engine(client: Any, *, container_ids: Iterable[str] | None = N
             f"the Docker engine at {verdict.address} is not on this machine ({'; '.join(verdict.evidence)}): "
             "the local engine shapes containers through this machine's /proc/<pid>/ns/net, which would be an "
             "unrelated process here. Use '--engine swarm' (a shaping agent runs on the engine's own node), "
-            "or run squall on the engine's host (unset DOCKER_HOST there)"
+            "or run squall on the engine's host (unset DOCKER_HOST there; inside a container, give it the "
+            "host's pid namespace)"
         )
     logger.debug("Docker engine at %s is local (%s): %s", verdict.address,
                  "proved" if verdict.proved else "not contradicted", "; ".join(verdict.evidence))
