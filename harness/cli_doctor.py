@@ -125,6 +125,8 @@ def assess(facts: Facts) -> Assessment:
     """Facts -> which engine and backend, and every problem that stops a run (with the fix)."""
     engine, engine_why = choose_engine(facts.engine)
     backend, backend_why = choose_backend(facts.netem_available, facts.netem_reason)
+    if engine == SWARM:
+        backend_why += " (this machine's kernel; on a swarm each node's agent probes its own)"
     problems: list[Problem] = []
     if engine == NO_ENGINE:
         problems.append(Problem(f"no Docker engine answers ({facts.engine.error})",

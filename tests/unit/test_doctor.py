@@ -72,6 +72,7 @@ def test_a_remote_engine_is_refused_unless_it_is_a_swarm_manager() -> None:
     manager = assess(facts(engine=EngineFacts(True, "tcp://10.1.2.3:2376", local=False, swarm="manager")))
     assert manager.engine == SWARM and manager.ready
     assert "--engine swarm" in manager.engine_why
+    assert "each node's agent probes its own" in manager.backend_why
 
 
 def test_missing_image_root_or_backend_feature_each_say_what_to_do() -> None:
