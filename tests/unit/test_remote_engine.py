@@ -8,6 +8,8 @@ stand-in procfs (an empty directory) plays "another machine", where the same pid
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,8 @@ from harness.cluster.remote import (
     parse_docker_host,
     require_local_engine,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 # -- DOCKER_HOST forms --------------------------------------------------------------------------
 
@@ -206,3 +210,23 @@ def test_a_container_gone_meanwhile_is_no_evidence(docker_client: Any) -> None:
     got = gather(docker_client, container_ids=["0" * 64], environ={})
     assert got.pids == ()
     assert decide(got).local
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a new pid namespace needs root")
+def test_seen_from_another_pid_namespace_the_real_engine_is_refused(docker_client: Any, sleeper: Any) -> None:
+    """The real socket, the real container, but this check runs in a new pid namespace with its own /proc
+    (as a harness in a container with the socket mounted would): the engine's pids are not its pids."""
+    script = ("import sys\n"
+              "from harness.cluster.engine import docker_client\n"
+              "from harness.cluster.remote import RemoteEngineError, require_local_engine\n"
+              "try:\n"
+              f"    require_local_engine(docker_client(), container_ids=[{sleeper.id!r}], environ={{}})\n"
+              "except RemoteEngineError as exc:\n"
+              "    print(exc); sys.exit(7)\n"
+              "print('accepted')\n")
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 7, done.stdout + done.stderr
+    assert "another pid namespace" in done.stdout and "--engine swarm" in done.stdout
+    # the same check from this process's namespace accepts it
+    assert require_local_engine(docker_client, container_ids=[sleeper.id], environ={}).proved
