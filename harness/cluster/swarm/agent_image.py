@@ -1,0 +1,64 @@
+"""The node agent's image: the worker image plus iptables and pyroute2, built from local material.
+
+The worker image stays one image (the agent is a different entrypoint of the same code); the two
+things shaping needs that a worker does not get are laid over it: iptables' Debian packages,
+downloaded on the host with ``apt-get download`` (the same mirror the base image comes from), and
+pyroute2 and the few packages the harness's own modules import (the Docker SDK, PyYAML, psutil),
+copied from the environment the harness runs in. Tagged by a hash of the
+worker tag and the recipe, so it is built once per change of either (a few seconds).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from harness.cluster.errors import ImageError
+from harness.cluster.image import REPO_ROOT, ensure_variant_image
+
+logger = logging.getLogger(__name__)
+
+REPO = "squall-node-agent"
+RECIPE_DIR = REPO_ROOT / "containers" / "node-agent"
+#: iptables and the libraries the worker image lacks (Debian 12); libmnl0 and libxtables12 it has.
+DEBS = ("iptables", "libip4tc2", "libip6tc2", "libnetfilter-conntrack3", "libnfnetlink0", "libnftnl11", "netbase")
+#: Copied from the harness's own environment (same Python minor version and glibc as the image):
+#: the agent imports harness.shaping (pyroute2, yaml through the profiles) and harness.cluster
+#: (the Docker SDK and what it needs, psutil).
+HOST_PACKAGES = ("pyroute2", "PyYAML", "docker", "requests", "urllib3", "certifi", "idna", "charset-normalizer",
+                 "psutil")
+
+
+def _prepare(context: Path) -> None:
+    debs = context / "debs"
+    debs.mkdir()
+    try:
+        subprocess.run(["apt-get", "download", "-q", *DEBS], cwd=debs, check=True, capture_output=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        raise ImageError(f"downloading {', '.join(DEBS)} with apt-get failed: {exc} "
+                         f"{detail.decode(errors='replace')[-500:]}") from exc
+    site = context / "site"
+    site.mkdir()
+    for name in HOST_PACKAGES:
+        dist = importlib.metadata.distribution(name)
+        files = dist.files or []
+        for f in files:
+            src = Path(str(dist.locate_file(f)))
+            if ".." in f.parts or not src.is_file() or "__pycache__" in f.parts:
+                continue
+            dest = site / f
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+
+
+def ensure_agent_image(client: Any) -> str:
+    """The node agent's image tag, built now if it is missing.
+
+    :raises ImageError: the worker image is not built, or a download or the build fails.
+    """
+    return ensure_variant_image(client, repo=REPO, recipe_dir=RECIPE_DIR, files=("Dockerfile",), prepare=_prepare)
