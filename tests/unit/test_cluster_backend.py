@@ -35,3 +35,12 @@ def test_open_cluster_local_is_the_docker_cluster_and_meets_the_interface() -> N
     assert isinstance(cluster, Cluster)
     assert isinstance(cluster, ClusterBackend)
     assert cluster.engine == "local"
+
+
+def test_open_cluster_swarm_meets_the_interface() -> None:
+    from harness.cluster.swarm.cluster import SwarmCluster
+
+    cluster = open_cluster(ClusterSpec(workers=2, engine="swarm"), client=object())
+    assert isinstance(cluster, SwarmCluster)
+    assert isinstance(cluster, ClusterBackend)
+    assert cluster.engine == "swarm"
