@@ -21,8 +21,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     inputs = KubeInputs(
         run_id=args.run_id or new_run_id(), workers=args.workers, image=args.image,
         token=args.token or secrets.token_urlsafe(32), namespace=args.namespace or "",
-        agent_image=args.agent_image or "", cpus=args.cpus, memory=args.memory, ttl_s=args.ttl,
-        owner_uid=args.owner_uid or "", runtime_socket=args.runtime_socket,
+        agent_image=args.agent_image or "", agent_port=args.agent_port, cpus=args.cpus, memory=args.memory,
+        ttl_s=args.ttl, owner_uid=args.owner_uid or "", runtime_socket=args.runtime_socket,
     )
     sys.stdout.write(to_yaml(render(inputs)))
     return EXIT_OK
@@ -38,6 +38,7 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--run-id", default="", help="names the objects (default: a new random id)")
     p.add_argument("--namespace", default="", help="an existing namespace (default: the run's own, rendered)")
     p.add_argument("--agent-image", default="", help="the node agent's image (default: the worker image)")
+    p.add_argument("--agent-port", type=int, default=29400, help="the agents' TCP port on each node (host network)")
     p.add_argument("--cpus", type=float, default=1.0, help="cores per worker (request = limit)")
     p.add_argument("--memory", default="1Gi", help="memory per worker, a Kubernetes quantity")
     p.add_argument("--ttl", type=int, default=600, help="seconds the finished Job (and all it owns) is kept")

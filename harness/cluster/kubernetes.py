@@ -35,6 +35,8 @@ from harness.cluster.ownership import LABEL_RUN
 
 MAX_WORKERS = 1000
 MAX_TTL_S = 7 * 24 * 3600
+#: The swarm engine's node agent; on Kubernetes it finds workers through the API (docs/kubernetes.md).
+AGENT_MODULE = "harness.cluster.swarm.node_agent"
 RUN_MOUNT = "/squall/run"  # as in the local engine: the worker agent's socket and job outputs
 PROC_MOUNT = "/host/proc"
 RUNTIME_MOUNT = "/host/run/runtime.sock"
@@ -73,6 +75,7 @@ class KubeInputs:
     agent_image: str = ""  # "" = the worker image
     cpus: float = 1.0  # per worker, request = limit
     memory: str = "1Gi"  # per worker, request = limit (a Kubernetes quantity)
+    agent_port: int = 29400  # the agents' TCP port on each node's own address (host network)
     ttl_s: int = 600  # ttlSecondsAfterFinished of the Job (the owner of everything else)
     owner_uid: str = ""  # the Job's uid once it exists: the other objects then get ownerReferences
     runtime_socket: str = "/run/containerd/containerd.sock"  # the node's container runtime socket
@@ -97,6 +100,9 @@ class KubeInputs:
             raise _bad("memory", self.memory, "a Kubernetes quantity such as 512Mi or 1Gi")
         if isinstance(self.ttl_s, bool) or not isinstance(self.ttl_s, int) or not 0 <= self.ttl_s <= MAX_TTL_S:
             raise _bad("ttl_s", self.ttl_s, f"whole seconds in 0..{MAX_TTL_S}")
+        if isinstance(self.agent_port, bool) or not isinstance(self.agent_port, int) or not (
+                1024 <= self.agent_port <= 65535):
+            raise _bad("agent_port", self.agent_port, "a TCP port in 1024..65535 free on every node")
         if self.owner_uid and not _UID.match(self.owner_uid):
             raise _bad("owner_uid", self.owner_uid, "the Job's metadata.uid, a lowercase UUID, or '' before it exists")
         if not isinstance(self.runtime_socket, str) or not self.runtime_socket.startswith("/"):
@@ -219,12 +225,16 @@ def daemonset(inputs: KubeInputs) -> dict[str, Any]:
     selector = {LABEL_RUN: inputs.run_id, "app.kubernetes.io/component": "node-agent"}
     container = {
         "name": "agent", "image": inputs.agent_image or inputs.image,
-        "command": ["python3", "-m", "harness.cluster.node_agent"],
+        "command": ["python3", "-m", AGENT_MODULE],
         "env": [
             {"name": "SQUALL_RUN", "value": inputs.run_id},
+            {"name": "SQUALL_AGENT_PORT", "value": str(inputs.agent_port)},
+            {"name": "SQUALL_WORKERS", "value": str(inputs.workers)},
+            {"name": "SQUALL_WORKER_SELECTOR", "value": f"{LABEL_RUN}={inputs.run_id},"
+                                                        "app.kubernetes.io/component=worker"},
             {"name": "SQUALL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "SQUALL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "SQUALL_PROC", "value": PROC_MOUNT},
+            {"name": "SQUALL_HOST_PROC", "value": PROC_MOUNT},
             {"name": "SQUALL_RUNTIME_SOCKET", "value": RUNTIME_MOUNT},
             {"name": "SQUALL_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"},
             {"name": "SQUALL_CHECK_CGROUP", "value": "1"},  # a worker's container id must be in /proc/<pid>/cgroup

@@ -8,6 +8,7 @@ match, names within DNS limits, and that every bad input is refused naming its k
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import yaml
 
 from harness.cli import main
 from harness.cluster.errors import ClusterSpecError
-from harness.cluster.kubernetes import KubeInputs, KubeSpecError, render, to_yaml
+from harness.cluster.kubernetes import AGENT_MODULE, KubeInputs, KubeSpecError, render, to_yaml
 
 TOKEN = "t" * 40
 
@@ -82,6 +83,10 @@ def test_only_the_agent_has_host_pid_host_network_and_privilege() -> None:
     assert mounts["token"]["secret"]["secretName"] == kinds["Secret"][0]["metadata"]["name"]
     env = {e["name"]: e for e in agent["containers"][0]["env"]}
     assert env["SQUALL_CHECK_CGROUP"]["value"] == "1"
+    assert env["SQUALL_HOST_PROC"]["value"] == "/host/proc"
+    assert "/host/proc" in {m["mountPath"] for m in agent["containers"][0]["volumeMounts"]}
+    assert agent["containers"][0]["command"][-1] == AGENT_MODULE
+    assert importlib.util.find_spec(AGENT_MODULE) is not None  # the swarm engine's agent exists
     everything_else = [o for o in render(inputs()) if o["kind"] != "DaemonSet"]
     assert list(walk(everything_else, "hostPID")) == []
     assert list(walk(everything_else, "hostNetwork")) == []
@@ -155,6 +160,7 @@ def test_yaml_round_trips() -> None:
     ("cpus", 0), ("cpus", -1.0), ("cpus", 1000.0),
     ("memory", "1g "), ("memory", "lots"),
     ("ttl_s", -1), ("ttl_s", 10**9),
+    ("agent_port", 80), ("agent_port", 70000),
     ("owner_uid", "not-a-uid"), ("runtime_socket", "relative/sock"),
 ])
 def test_bad_inputs_are_refused_naming_the_key_and_value(key: str, value: Any) -> None:
