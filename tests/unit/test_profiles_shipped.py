@@ -30,6 +30,8 @@ SHIPPED = [
     "bursty-loss",
     "thin-20mbit",
     "thin-100mbit",
+    "thin-20mbit-5ms",
+    "fast-200mbit-1ms",
     "preemptible",
     "flaky-links",
     "stragglers",
@@ -78,6 +80,8 @@ def test_shipped_profile_validates(shipped: dict[str, Profile], name: str, n: in
         ("lossy-10pct", 5_000, 1_000_000_000, 10.0),
         ("thin-20mbit", 10_000, 20_000_000, 0.0),
         ("thin-100mbit", 5_000, 100_000_000, 0.0),
+        ("thin-20mbit-5ms", 5_000, 20_000_000, 0.0),
+        ("fast-200mbit-1ms", 1_000, 200_000_000, 0.0),
     ],
 )
 def test_uniform_profiles(
