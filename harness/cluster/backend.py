@@ -17,6 +17,7 @@ endpoints wherever they are, ``start_job``/``run_job`` for jobs, the churn verbs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harness.cluster.errors import ClusterSpecError
@@ -36,6 +37,13 @@ class ClusterBackend(Protocol):
     spec: ClusterSpec
     run_id: str
     nodes: list[Node]  # one per worker, index order; ``run_dir`` holds its job outputs on this host
+
+    def __enter__(self) -> ClusterBackend:
+        """:meth:`start`; the ``with`` block's end is :meth:`close`."""
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """:meth:`close`."""
 
     def start(self) -> ClusterBackend:
         """Create everything and wait until every worker's job agent answers; all or nothing."""

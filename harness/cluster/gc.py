@@ -1,10 +1,12 @@
 """``squall gc``: remove what runs that are gone left behind.
 
-That is: containers and networks labelled ``squall.run`` (with them go Docker's host iptables
-rules and bridge of the network), the run's state directory, and what its shaper keeps on the host
-(the nfqueue delay daemon and its work directory, :mod:`harness.shaping.leftovers`). The daemons
-are stopped first: their sockets would keep the dead containers' network namespaces alive.
-Everything is judged by run id and owner (pid + start time), so a live run is never touched.
+That is: containers, networks and (swarm engine) services and secrets labelled ``squall.run``
+(with them go Docker's host iptables rules and bridge of the network), the run's state directory,
+and what its shaper keeps on the host (the nfqueue delay daemon and its work directory,
+:mod:`harness.shaping.leftovers`). The daemons are stopped first: their sockets would keep the
+dead containers' network namespaces alive. A swarm Squall initialised is left once no live run
+uses it (:mod:`harness.cluster.swarm.membership`). Everything is judged by run id and owner (pid
++ start time), so a live run is never touched.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 
 from harness.cluster.engine import ENGINE_ERRORS
+from harness.cluster.errors import ClusterError
 from harness.cluster.ownership import LABEL_RUN, LABEL_STATE, Owner, read_owner, state_root
 from harness.shaping import leftovers
 
@@ -41,6 +44,9 @@ class GcReport:
     removed_dirs: list[str] = field(default_factory=list)  # state directories
     stopped_daemons: list[int] = field(default_factory=list)  # pids of nfqueue delay daemons
     removed_workdirs: list[str] = field(default_factory=list)  # nfqueue work directories
+    removed_services: list[str] = field(default_factory=list)  # swarm services (workers, node agents)
+    removed_secrets: list[str] = field(default_factory=list)  # swarm secrets (the agents' tokens)
+    left_swarm: bool = False  # the swarm Squall had initialised was left (no live run used it)
     errors: list[str] = field(default_factory=list)  # what could not be removed, with why
 
 
@@ -49,10 +55,12 @@ def collect(client: Any, *, everything: bool = False, dry_run: bool = False) -> 
     report = GcReport()
     containers = client.containers.list(all=True, filters={"label": LABEL_RUN})
     networks = client.networks.list(filters={"label": LABEL_RUN})
+    services = _swarm_objects(client.services)
+    secrets = _swarm_objects(client.secrets)
     dead: set[str] = set()
     state_dirs: dict[str, str] = {}
-    for obj in [*containers, *networks]:
-        labels = obj.attrs.get("Config", {}).get("Labels") or obj.attrs.get("Labels") or {}
+    for obj in [*containers, *networks, *services, *secrets]:
+        labels = _labels(obj)
         run = labels.get(LABEL_RUN, "")
         owner = Owner.from_labels(labels)
         alive = owner is not None and owner.alive()
@@ -62,14 +70,27 @@ def collect(client: Any, *, everything: bool = False, dry_run: bool = False) -> 
     dead = {run for run, alive in report.runs.items() if everything or not alive}
     live = {run for run, alive in report.runs.items() if alive}
     _shaper_leftovers(report, dead=dead, live=live, everything=everything, dry_run=dry_run)
+    for svc in services:  # first: Swarm would otherwise start new tasks for the containers removed below
+        if _labels(svc).get(LABEL_RUN) in dead:
+            _remove(report, "service", svc.name, dry_run, svc.remove)
+            report.removed_services.append(svc.name)
     for c in containers:
         if (c.labels or {}).get(LABEL_RUN) in dead:
             _remove(report, "container", c.name, dry_run, lambda c=c: c.remove(force=True, v=True))
             report.removed_containers.append(c.name)
     for n in networks:
         if (n.attrs.get("Labels") or {}).get(LABEL_RUN) in dead:
-            _remove(report, "network", n.name, dry_run, n.remove)
+            if n.attrs.get("Driver") == "overlay":  # Swarm deletes it once the removed tasks are gone
+                _remove(report, "network", n.name, dry_run, lambda n=n: _remove_overlay(client, n), retry_s=30.0)
+            else:
+                _remove(report, "network", n.name, dry_run, n.remove)
             report.removed_networks.append(n.name)
+    for sec in secrets:
+        if _labels(sec).get(LABEL_RUN) in dead:
+            _remove(report, "secret", sec.name, dry_run, sec.remove)
+            report.removed_secrets.append(sec.name)
+    if not dry_run:
+        _leave_swarm(client, report, everything=everything)
     for run in sorted(dead):
         path = Path(state_dirs.get(run, state_root() / run))
         if path.exists() and path.name == run:
@@ -138,11 +159,48 @@ def _orphan_dirs(report: GcReport, *, dead_or_unknown: bool, dry_run: bool, know
         report.removed_dirs.append(str(path))
 
 
-def _remove(report: GcReport, kind: str, name: str, dry_run: bool, action: Any) -> None:
+def _remove(report: GcReport, kind: str, name: str, dry_run: bool, action: Any, *, retry_s: float = 0.0) -> None:
     if dry_run:
         return
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            with contextlib.suppress(NotFound):
+                action()
+            return
+        except ENGINE_ERRORS as exc:
+            if time.monotonic() >= deadline:
+                report.errors.append(f"{kind} {name}: {exc}")
+                return
+        time.sleep(0.5)
+
+
+def _remove_overlay(client: Any, net: Any) -> None:
+    """Ask for the overlay's removal; raise (so :func:`_remove` asks again) while it is still listed."""
+    net.remove()
+    client.networks.get(net.id)  # NotFound: gone
+    raise APIError(f"overlay network {net.name} is still there")
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    """A container's, network's, service's or secret's labels."""
+    attrs = obj.attrs
+    return attrs.get("Config", {}).get("Labels") or attrs.get("Labels") or attrs.get("Spec", {}).get("Labels") or {}
+
+
+def _swarm_objects(collection: Any) -> list[Any]:
+    """Services or secrets labelled ``squall.run``; none when this engine manages no swarm."""
     try:
-        with contextlib.suppress(NotFound):
-            action()
-    except ENGINE_ERRORS as exc:
-        report.errors.append(f"{kind} {name}: {exc}")
+        return list(collection.list(filters={"label": LABEL_RUN}))
+    except ENGINE_ERRORS:  # "This node is not a swarm manager": nothing of the kind can exist here
+        return []
+
+
+def _leave_swarm(client: Any, report: GcReport, *, everything: bool) -> None:
+    """Leave the swarm Squall initialised when no live run uses it any more (a swarm found is kept)."""
+    from harness.cluster.swarm import membership
+
+    try:
+        report.left_swarm = membership.release(client, None, force=everything)
+    except ClusterError as exc:
+        report.errors.append(str(exc))

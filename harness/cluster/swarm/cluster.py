@@ -443,10 +443,12 @@ class SwarmCluster(Cluster):
         while True:
             try:
                 nets = self.client.networks.list(filters=label)
-                for net in nets:
+                if not nets:
+                    return []
+                for net in nets:  # Swarm deletes an overlay when its last task is gone: ask until it is
                     with contextlib.suppress(NotFound):
                         net.remove()
-                return []
+                last = "still listed after removal"
             except ENGINE_ERRORS as exc:
                 last = str(exc)
             if time.monotonic() > deadline:

@@ -2,7 +2,7 @@
 
 A swarm the engine was already part of is used as it is and never left. When the engine is in
 none, :func:`join_or_init` runs ``swarm init`` with this host's address and records that Squall
-did it, with the runs using it, in ``<state root>/swarm-init.json``. :func:`release` drops a run
+did it, with the runs using it, in :func:`record_path`. :func:`release` drops a run
 from that record and, when no live run is left in it, leaves the swarm and removes the
 ``docker_gwbridge`` network that leaving keeps. ``squall gc`` calls :func:`release` for dead runs.
 """
@@ -30,8 +30,14 @@ GWBRIDGE = "docker_gwbridge"
 
 
 def record_path() -> Path:
-    """Where Squall notes that it initialised the swarm, and which runs use it."""
-    return state_root() / RECORD
+    """Where Squall notes that it initialised the swarm, and which runs use it.
+
+    One place per machine (not per ``SQUALL_STATE_DIR``): runs with different state directories
+    share the engine, so they must share this record too.
+    """
+    if os.geteuid() == 0:
+        return Path("/var/tmp") / f"squall-{RECORD}"
+    return Path.home() / ".cache" / f"squall-{RECORD}"
 
 
 @contextlib.contextmanager

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from docker import errors as docker_errors
+
 from harness.cluster.agent_client import AgentClient
 from harness.cluster.errors import JobError
 from harness.cluster.swarm import wire
@@ -113,8 +115,11 @@ class Agent:
         """The run's worker containers on this node, checked against /proc."""
         found = []
         mine = {"label": f"{SERVICE_LABEL}={self.config.worker_service}"}
-        for c in self.docker.containers.list(all=True, filters=mine):
-            attrs = c.attrs
+        for summary in self.docker.api.containers(all=True, filters=mine):
+            try:
+                attrs = self.docker.api.inspect_container(summary["Id"])
+            except docker_errors.NotFound:  # removed between the listing and the inspect
+                continue
             labels = attrs["Config"].get("Labels") or {}
             try:
                 slot = int(labels.get(SLOT_LABEL, "").split(".")[1])
@@ -124,9 +129,11 @@ class Agent:
             net = (attrs["NetworkSettings"].get("Networks") or {}).get(self.config.network) or {}
             pid = int(state.get("Pid") or 0)
             running = bool(state.get("Running"))
-            found.append({"slot": slot, "container_id": c.id, "name": c.name, "address": net.get("IPAddress") or "",
-                          "running": running, "paused": bool(state.get("Paused")),
-                          "verified": running and pid > 0 and cgroup_names(pid, c.id)})
+            cid = str(attrs["Id"])
+            found.append({"slot": slot, "container_id": cid, "name": str(attrs["Name"]).lstrip("/"),
+                          "address": net.get("IPAddress") or "", "running": running,
+                          "paused": bool(state.get("Paused")),
+                          "verified": running and pid > 0 and cgroup_names(pid, cid)})
         return sorted(found, key=lambda w: (w["slot"], not w["running"]))
 
     def _container(self, container_id: str) -> Any:
