@@ -116,19 +116,24 @@ class Mailbox:
         return await self._wait(waiter, timeout)
 
     async def _wait(self, waiter: _Waiter, timeout: float | None) -> Message:
+        """Await ``waiter``'s future; a plain loop timer fails it with :class:`TransportTimeout`.
+
+        The timer is one ``call_later`` handle, cancelled on the way out: cheaper than an
+        ``asyncio.timeout`` scope (which cancels and uncancels the task), and this runs once per
+        message received. A future holds either a message or the timeout, never both.
+        """
         future = waiter.future
+        timer = None
+        if timeout is not None and not math.isinf(timeout):
+            timer = asyncio.get_running_loop().call_later(timeout, _expire, future, waiter.peer, timeout)
         returned = False
         try:
-            try:
-                async with asyncio.timeout(None if timeout is None or math.isinf(timeout) else timeout):
-                    message = (await future)[2]
-            except TimeoutError:
-                if not _has_result(future):
-                    raise TransportTimeout("recv", waiter.peer, timeout) from None
-                message = future.result()[2]
+            message = (await future)[2]
             returned = True
             return message
         finally:
+            if timer is not None:
+                timer.cancel()
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
             if not returned and _has_result(future):
@@ -159,6 +164,11 @@ class Mailbox:
         if self._queues and len(self._failed) == len(self._queues):
             return PeerFailed(None, "every peer has failed")
         return None
+
+
+def _expire(future: asyncio.Future[tuple[int, int, Message]], peer: int | None, timeout: float) -> None:
+    if not future.done():
+        future.set_exception(TransportTimeout("recv", peer, timeout))
 
 
 def _has_result(future: asyncio.Future[tuple[int, int, Message]]) -> bool:

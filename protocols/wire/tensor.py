@@ -27,7 +27,14 @@ from typing import Final
 import numpy as np
 import torch
 
-from protocols.wire.dtypes import dtype_code, dtype_from_code, itemsize, require_little_endian
+from protocols.wire.dtypes import (
+    LITTLE_ENDIAN_HOST,
+    SUPPORTED_DTYPES,
+    dtype_code,
+    dtype_from_code,
+    itemsize,
+    require_little_endian,
+)
 from protocols.wire.errors import WireError
 from protocols.wire.kinds import MsgType
 from protocols.wire.limits import DEFAULT_LIMITS, WireLimits
@@ -35,6 +42,16 @@ from protocols.wire.limits import DEFAULT_LIMITS, WireLimits
 _FIXED: Final = struct.Struct("<BB6s")
 _U64: Final = struct.Struct("<Q")
 _ZERO6: Final = bytes(6)
+_DIMS: dict[int, struct.Struct] = {}  # ndim -> "<{ndim}Q", compiled once per rank count
+_VIEWABLE: Final = frozenset(dtype for dtype in SUPPORTED_DTYPES if dtype != torch.bfloat16)  # numpy has them
+
+
+def _dims(ndim: int) -> struct.Struct:
+    """The compiled ``struct`` of ``ndim`` little-endian u64 dimensions."""
+    compiled = _DIMS.get(ndim)
+    if compiled is None:
+        compiled = _DIMS[ndim] = struct.Struct(f"<{ndim}Q")
+    return compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +89,12 @@ def pack_descriptor(
     """Descriptor bytes for a tensor of ``dtype``/``shape``; ``offset`` makes it a chunk descriptor."""
     code = dtype_code(dtype)
     _check_shape(shape, itemsize(dtype), limits)
-    parts = [_FIXED.pack(code, len(shape), _ZERO6), *(_U64.pack(d) for d in shape)]
-    if offset is not None:
-        if not 0 <= offset <= _numel(shape):
-            raise WireError(f"chunk offset {offset} outside tensor of {_numel(shape)} elements")
-        parts.append(_U64.pack(offset))
-    return b"".join(parts)
+    fixed = _FIXED.pack(code, len(shape), _ZERO6)
+    if offset is None:
+        return fixed + _dims(len(shape)).pack(*shape)
+    if not 0 <= offset <= _numel(shape):
+        raise WireError(f"chunk offset {offset} outside tensor of {_numel(shape)} elements")
+    return fixed + _dims(len(shape) + 1).pack(*shape, offset)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -86,7 +103,22 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     A contiguous CPU tensor is exposed in place (the view keeps the tensor alive, and later
     writes to the tensor show through until the bytes have been sent). Anything else is copied
     once into a contiguous CPU tensor first.
+
+    The common case (a contiguous CPU tensor of a dtype numpy has, not requiring grad) takes
+    one numpy view instead of five torch calls: this runs for every message sent.
     """
+    if (
+        LITTLE_ENDIAN_HOST
+        and tensor.dtype in _VIEWABLE
+        and tensor.layout is torch.strided
+        and not tensor.requires_grad
+        and tensor.is_cpu
+        and tensor.is_contiguous()
+    ):
+        try:
+            return tensor.numpy().data.cast("B")
+        except (RuntimeError, TypeError, ValueError):  # a conj/neg bit...: the general path below
+            pass
     require_little_endian()
     if tensor.layout != torch.strided:
         raise WireError(f"only dense (strided) tensors can be sent, not {tensor.layout}")
@@ -114,7 +146,7 @@ def unpack_tensor_payload(
     start = descriptor_size(ndim, chunk=is_chunk)
     if len(view) < start:
         raise WireError(f"tensor payload of {len(view)} bytes is shorter than its {start}-byte descriptor")
-    shape = tuple(_U64.unpack_from(view, _FIXED.size + 8 * i)[0] for i in range(ndim))
+    shape: tuple[int, ...] = _dims(ndim).unpack_from(view, _FIXED.size)
     size = itemsize(dtype)
     numel = _check_shape(shape, size, limits)
     data = view[start:]
@@ -139,7 +171,7 @@ def payload_to_tensor(payload: TensorPayload, *, copy: bool = False) -> torch.Te
     if copy or payload.data.readonly:
         buffer = bytearray(payload.data)
     flat = torch.frombuffer(buffer, dtype=payload.dtype, count=payload.count)
-    return flat.reshape(target)
+    return flat if len(target) == 1 else flat.reshape(target)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
