@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,3 +126,53 @@ def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expect
     if stalls > MAX_STALL_FRACTION * len(samples):
         raise HostTooBusy(told)
     assert abs(kept.mean - expected_us) <= tol_us, told
+
+
+class CpuBurners:
+    """``n`` busy-loop processes (ordinary scheduling, one CPU each at most): the CPU-bound neighbours
+    a measurement must not be moved by. A context manager that kills and reaps them on the way out,
+    whatever happened inside; :meth:`cpu_s` says how much CPU they really got (a burner that never
+    ran proves nothing)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> CpuBurners:
+        try:
+            for _ in range(self.n):
+                self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the burners have used so far."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for proc in self.procs:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
+
+    def __exit__(self, *_: object) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def bench_lock(path: str = "/tmp/squall-bench.lock") -> Iterator[None]:
+    """Hold the machine's benchmark lock (``flock``): timing measurements and CPU burners on a shared
+    host take turns, so that one's burners do not spoil another's figures."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

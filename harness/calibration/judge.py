@@ -14,6 +14,7 @@ A link in ``state.blocked`` must lose everything, and gets only a ``loss`` row e
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,14 +50,17 @@ class Baseline:
     rtt_mean_us: float  # pooled round trips
     rtt_sd_us: float  # their s.d.
     samples: int  # round trips behind it
+    stalled: float = 0.0  # the largest fraction of one link's legs more than 1 ms from their median
 
     @classmethod
     def from_udp(cls, obs: UdpObservation | None) -> Baseline:
         """Pool every link and round trip of an unshaped probe (zeros when there is none).
 
-        Means leave out host stalls (samples more than 1 ms from the median), as the delay check
-        does in the shaped probe; the s.d. is estimated
-        from the quartiles (as normal noise) when raw samples are there, as the jitter check does.
+        Means and s.d.s leave out host stalls (samples more than 1 ms from the median), as the delay
+        check does in the shaped probe; the s.d. is estimated from the quartiles of what is left (as
+        normal noise) when raw samples are there, as the jitter check does. ``stalled`` says how much
+        was left out on the worst link: a baseline that the host stalled as much as a shaped probe
+        that could not be judged cannot correct one either (the judge then answers unknown).
         """
         if obs is None:
             return cls(0.0, 0.0, 0.0, 0.0, 0)
@@ -66,12 +70,16 @@ class Baseline:
         trip_samples = [v for t in obs.round_trips.values() for v in t.rtt_samples]
         leg_sd = _robust_sd(leg_samples, legs)
         trip_sd = _robust_sd(trip_samples, trips)
-        return cls(_mean(leg_samples, legs), leg_sd, _mean(trip_samples, trips), trip_sd, trips.count if trips else 0)
+        stalled = max((without_stalls(o.one_way_samples, STALL_FLOOR_US)[1] / len(o.one_way_samples)
+                       for o in obs.links.values() if o.one_way_samples and obs.shared_clock), default=0.0)
+        return cls(_mean(leg_samples, legs), leg_sd, _mean(trip_samples, trips), trip_sd, trips.count if trips else 0,
+                   stalled)
 
     def to_dict(self) -> dict[str, float]:
         """Plain data for JSON."""
         return {"one_way_mean_us": self.one_way_mean_us, "one_way_sd_us": self.one_way_sd_us,
-                "rtt_mean_us": self.rtt_mean_us, "rtt_sd_us": self.rtt_sd_us, "samples": self.samples}
+                "rtt_mean_us": self.rtt_mean_us, "rtt_sd_us": self.rtt_sd_us, "samples": self.samples,
+                "stalled": self.stalled}
 
 
 def _mean(samples: list[float], fallback: Moments | None) -> float:
@@ -82,8 +90,11 @@ def _mean(samples: list[float], fallback: Moments | None) -> float:
 
 
 def _robust_sd(samples: list[float], fallback: Moments | None) -> float:
+    """The s.d. as normal noise from the quartiles of the samples within 1 ms of their median."""
     if len(samples) >= 2:
-        return interquartile_range(samples) / NORMAL_IQR_PER_SD
+        median = statistics.median(samples)
+        kept = [v for v in samples if abs(v - median) <= STALL_FLOOR_US]
+        return interquartile_range(kept) / NORMAL_IQR_PER_SD if len(kept) >= 2 else 0.0
     return fallback.sd if fallback else 0.0
 
 
@@ -126,7 +137,7 @@ def _delay_rows(link: Link, state: LinkState, evidence: Evidence) -> list[Check]
         one_way = seen.one_way if seen else None
         model = delay_model(spec)
         legs = seen.one_way_samples if seen else ()
-        stalled = stalled_fraction(state, udp)
+        stalled = max(stalled_fraction(state, udp), base.stalled)
         return [check_delay(link, model, one_way, base.one_way_mean_us, samples=legs, host_stalls=stalled),
                 check_jitter(link, model, one_way, base.one_way_sd_us, samples=legs, host_stalls=stalled)]
     trip = udp.round_trips.get(link) if udp else None

@@ -3,6 +3,11 @@
 Every probe starts at a common wall-clock time a little in the future (``lead``), so that all
 echo servers are up before the first datagram; a node that came up late is detected from its own
 report and the UDP probe is run once more with twice the lead.
+
+The UDP probe, which measures delays to the tenth of a millisecond, runs as real-time processes
+the host starts inside the nodes' namespaces (:mod:`harness.calibration.hostprobe`) wherever it can
+(root; a cluster may say ``host_probes = False``), so that CPU-bound neighbours do not read as delay;
+otherwise, and for the TCP jobs, the nodes' agents run them.
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from harness.calibration import hostprobe
 from harness.calibration.observations import (
     Link,
     RoundTrip,
@@ -24,7 +30,8 @@ from harness.calibration.observations import (
     raw_samples,
 )
 from harness.calibration.plan import TransferPlan
-from harness.cluster import Cluster, JobHandle, JobResult
+from harness.cluster import JobResult
+from harness.cluster.backend import ClusterBackend
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +39,7 @@ LEAD_S = 1.0  # common start this far after dispatch (plus 50 ms per node)
 SLACK_S = 15.0  # job timeout beyond the probe's own schedule
 
 
-def _lead(cluster: Cluster, factor: float = 1.0) -> float:
+def _lead(cluster: ClusterBackend, factor: float = 1.0) -> float:
     return factor * (LEAD_S + 0.05 * len(cluster.nodes))
 
 
@@ -47,7 +54,7 @@ def _values(results: Sequence[JobResult]) -> dict[int, Mapping[str, Any] | None]
     return values
 
 
-def run_udp(cluster: Cluster, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
+def run_udp(cluster: ClusterBackend, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
             raw: bool = True) -> tuple[UdpObservation, list[JobResult]]:
     """UDP echo probe of ``links`` (each probed by its source); returns the parsed view and the job results.
 
@@ -65,24 +72,44 @@ def run_udp(cluster: Cluster, links: Sequence[Link], *, count: int, rate_pps: fl
     return obs, results
 
 
+class Waitable(Protocol):
+    """A job under way on every node: the agents' :class:`JobHandle` or a :class:`hostprobe.HostJobHandle`."""
+
+    def wait(self, *, raise_on_failure: bool = True) -> list[JobResult]: ...
+
+
+def host_probes(cluster: ClusterBackend) -> bool:
+    """Whether the host runs this cluster's UDP probes itself (real-time, in the nodes' namespaces)."""
+    if not getattr(cluster, "host_probes", True) or getattr(cluster, "engine", "local") != "local":
+        return False  # a swarm's namespaces are on other machines
+    why = hostprobe.unavailable(cluster.endpoints())
+    if why:
+        logger.info("UDP probes run by the nodes' agents: the host cannot run them (%s)", why)
+    return why is None
+
+
 @dataclass(frozen=True)
 class UdpRun:
     """A UDP probe under way."""
 
-    handle: JobHandle  # the job on every node
+    handle: Waitable  # the job on every node
     start_wall: float  # wall-clock time of the first probe
     raw: bool  # every answered probe will come back
 
 
-def start_udp(cluster: Cluster, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
+def start_udp(cluster: ClusterBackend, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
               raw: bool = True, lead_s: float | None = None) -> UdpRun:
     """Start the UDP probe and return at once (to change the shaping while it runs)."""
+    config: dict[str, Any] = {"pairs": [list(link) for link in links], "count": count, "rate_pps": rate_pps,
+                              "wait_s": wait_s, "raw": raw}
     lead = _lead(cluster) if lead_s is None else lead_s
     start = time.time() + lead
-    config = {"pairs": [list(link) for link in links], "count": count, "rate_pps": rate_pps, "wait_s": wait_s,
-              "raw": raw, "start_wall": start}
-    handle = cluster.start_job("udp_probe", config, timeout=lead + count / rate_pps + wait_s + SLACK_S)
-    return UdpRun(handle, start, raw)
+    timeout = lead + count / rate_pps + wait_s + SLACK_S
+    if host_probes(cluster):
+        return UdpRun(hostprobe.start(cluster.endpoints(), "udp_probe", config, start_wall=start, timeout_s=timeout),
+                      start, raw)
+    config["start_wall"] = start
+    return UdpRun(cluster.start_job("udp_probe", config, timeout=timeout), start, raw)
 
 
 def finish_udp(run: UdpRun, links: Sequence[Link]) -> tuple[UdpObservation, list[JobResult]]:
@@ -92,7 +119,7 @@ def finish_udp(run: UdpRun, links: Sequence[Link]) -> tuple[UdpObservation, list
     return parse_udp(_values(results), links, raw), results
 
 
-def run_tcp(cluster: Cluster, transfers: Sequence[TransferPlan]) -> dict[Link, TransferObservation]:
+def run_tcp(cluster: ClusterBackend, transfers: Sequence[TransferPlan]) -> dict[Link, TransferObservation]:
     """The bulk transfers of ``transfers``, on their schedule; one observation per transfer."""
     if not transfers:
         return {}
@@ -103,7 +130,7 @@ def run_tcp(cluster: Cluster, transfers: Sequence[TransferPlan]) -> dict[Link, T
     return parse_tcp(_values(results), [t.link for t in transfers])
 
 
-def run_tcp_rtt(cluster: Cluster, links: Sequence[Link], *, count: int = 100,
+def run_tcp_rtt(cluster: ClusterBackend, links: Sequence[Link], *, count: int = 100,
                 interval_s: float = 0.01) -> dict[Link, RoundTrip]:
     """TCP request/response round trips of ``links`` (the fallback when UDP gave nothing)."""
     lead = _lead(cluster)

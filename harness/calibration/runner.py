@@ -108,10 +108,24 @@ class _Run:
         self.notes: list[str] = []
 
     def baseline(self) -> Baseline:
-        obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
-                         rate_pps=self.plan.udp_rate_pps, wait_s=0.5)
-        self.notes += [f"baseline: {p}" for p in obs.problems]
-        return Baseline.from_udp(obs)
+        """The unshaped probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled more
+        than :data:`JITTER_STALL_FRACTION` of some link's packets, keeping the least stalled (every delay
+        and s.d. is corrected by it, so a stalled baseline would spoil every row)."""
+        best: Baseline | None = None
+        for attempt in range(1, STALL_TRIES + 1):
+            obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
+                             rate_pps=self.plan.udp_rate_pps, wait_s=0.5)
+            self.notes += [f"baseline: {p}" for p in obs.problems]
+            base = Baseline.from_udp(obs)
+            if best is None or base.stalled < best.stalled:
+                best = base
+            if base.stalled <= JITTER_STALL_FRACTION:
+                break
+            self.notes.append(f"baseline probe {attempt}: the host stalled {100 * base.stalled:.1f} % of one "
+                              f"link's packets (more than {100 * JITTER_STALL_FRACTION:g} %)" +
+                              ("; probing again" if attempt < STALL_TRIES else ""))
+        assert best is not None
+        return best
 
     def _udp_judgeable(self) -> UdpObservation:
         """The shaped UDP probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled
