@@ -21,6 +21,7 @@ from harness import provenance
 from harness.assets import find_matrix
 from harness.checks import Target, converged, run_time_to_target
 from harness.claims import load_claims
+from harness.cluster.spec import ENGINES, select_engine
 from harness.experiment import ExperimentError
 from harness.fidelity import SessionCalibration
 from harness.matrix import build_matrix, load_matrix_file
@@ -46,6 +47,7 @@ def _target(text: str | None) -> dict[str, float] | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    select_engine(args.engine)  # the default engine of every cluster this command starts
     matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
                           source="squall run", known_protocols=PROTOCOLS)
     run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr}
@@ -132,6 +134,7 @@ def format_summary(cell_id: str, trace: RunTrace, s: Mapping[str, Any], *, total
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    select_engine(args.engine)
     try:
         path = find_matrix(args.file)  # a path, or a shipped matrix by name (ci, stragglers, ...)
     except FileNotFoundError as exc:
@@ -214,6 +217,8 @@ def add_subparser(sub: Any) -> None:
     run.add_argument("--lr", type=float, default=0.5)
     run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
+    run.add_argument("--engine", choices=ENGINES, help="where the workers run: this machine's Docker (local, the "
+                     "default) or a Docker Swarm with a node agent on every node (swarm; see docs/swarm.md)")
     run.add_argument("--json", action="store_true")
     run.add_argument("--calibrate", action="store_true",
                      help="calibrate the profile's links quickly before training (the report then says how faithful "
@@ -225,6 +230,7 @@ def add_subparser(sub: Any) -> None:
     matrix.add_argument("file", help="matrix YAML, or a shipped matrix by name (ci, stragglers, compression, ...)")
     matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
     matrix.add_argument("--backend", choices=["netem", "nfqueue"])
+    matrix.add_argument("--engine", choices=ENGINES, help="local (default) or swarm, as for squall run")
     matrix.add_argument("--no-claims", action="store_true", help="skip the claims listed in the file")
     matrix.add_argument("--no-calibrate", action="store_true",
                         help="do not calibrate each profile before its first cell (the matrix key calibrate: false "

@@ -23,6 +23,7 @@ from harness.cluster.backend import ClusterBackend, open_cluster
 from harness.cluster.cluster import SRC_MOUNT, JobHandle
 from harness.cluster.image import REPO_ROOT as SQUALL_ROOT
 from harness.cluster.jobs import JobResult
+from harness.cluster.spec import default_engine
 from harness.profiles import Profile, load_profile
 from harness.progress import Observer, Quiet
 from harness.shaping import Shaper, state_at
@@ -72,19 +73,20 @@ class Lab:
 
     def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
                  cluster: ClusterBackend | None = None, code: tuple[str, ...] = (), progress: Observer | None = None,
-                 engine: str = "local") -> None:
+                 engine: str | None = None) -> None:
         """:param code: host directories holding third-party protocol packages, mounted read-only
             into every container and put on its PYTHONPATH.
         :param progress: told each stage (starting cluster, shaping, training, collecting,
             teardown) and given the workers' metrics files while they train (:mod:`harness.progress`).
-        :param engine: "local" (this machine's Docker) or "swarm" (:mod:`harness.cluster.backend`)."""
+        :param engine: "local" (this machine's Docker) or "swarm" (:mod:`harness.cluster.backend`); None:
+            the process's default (``--engine``, ``$SQUALL_ENGINE``, else local)."""
         self.workers = workers
         self.progress: Observer = progress if progress is not None else Quiet()
         self.backend_wanted = backend
         mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
         pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
         self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
-                                env=(("PYTHONPATH", pythonpath),), engine=engine)
+                                env=(("PYTHONPATH", pythonpath),), engine=engine or default_engine())
         self.cluster = cluster
         self._own_cluster = cluster is None
         self.shaper: Shaper | None = None

@@ -56,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--squall-seconds", type=float, help="training time budget per cell (default 20)")
     group.addoption("--squall-backend", choices=["netem", "nfqueue"],
                     help="force a shaping backend (default: netem where the kernel has it, else nfqueue)")
+    group.addoption("--squall-engine", help="where the cells' workers run: local (this machine's Docker, the default) "
+                                            "or swarm (a Docker Swarm with a node agent per node; docs/swarm.md)")
     group.addoption("--squall-matrix", help="matrix YAML with protocols/profiles/workers/seeds: a path, or a shipped "
                                             "matrix by name (ci, demo, ...)")
     group.addoption("--squall-report", type=Path, help="write results.json, report.md and report.html here")
@@ -71,6 +73,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "target={...}, lr=..., config={...}): run this test once per protocol x profile x workers x seed cell",
     )
     config.stash[SESSION_KEY] = SquallSession(config)
+    if config.getoption("--squall-engine", None):
+        from harness.cluster.spec import select_engine
+
+        select_engine(config.getoption("--squall-engine"))  # the cells' clusters (ClusterSpec's default)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

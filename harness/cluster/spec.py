@@ -22,6 +22,25 @@ ENGINES: tuple[str, ...] = tuple("local swarm".split())  # noqa: SIM905 (see abo
 LOCAL, SWARM = ENGINES
 #: Most workers per engine: one /24 bridge on one machine; a /22 overlay across several machines.
 MAX_WORKERS = {LOCAL: 250, SWARM: 1000}
+#: The engine of specs that name none: what ``--engine`` (CLI) or ``--squall-engine`` (pytest) chose.
+ENGINE_ENV = "SQUALL_ENGINE"
+
+
+def default_engine() -> str:
+    """The engine a spec gets when it names none: ``$SQUALL_ENGINE``, else local."""
+    return os.environ.get(ENGINE_ENV) or LOCAL
+
+
+def select_engine(name: str | None) -> None:
+    """Make ``name`` the default engine of this process (and its children); None leaves it as it is.
+
+    :raises ClusterSpecError: an unknown engine, named with the allowed ones.
+    """
+    if name is None:
+        return
+    if name not in ENGINES:
+        raise ClusterSpecError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}")
+    os.environ[ENGINE_ENV] = name
 
 
 def parse_bytes(value: int | str) -> int:
@@ -60,11 +79,12 @@ class ClusterSpec:
     mounts: tuple[Mount, ...] = ()  # extra read-only code mounts
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the agents and their jobs
     labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels on containers and network
-    engine: str = LOCAL  # "local" (this machine's Docker engine) or "swarm" (Docker Swarm services)
+    engine: str = field(default_factory=default_engine)  # "local" (this machine's Docker) or "swarm" (Swarm)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise ClusterSpecError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+            raise ClusterSpecError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}"
+                                   + (f" (from ${ENGINE_ENV})" if os.environ.get(ENGINE_ENV) == self.engine else ""))
         most = MAX_WORKERS[self.engine]
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= most:
             raise ClusterSpecError(f"workers must be an integer in 1..{most} (engine {self.engine}), "

@@ -44,3 +44,19 @@ def test_open_cluster_swarm_meets_the_interface() -> None:
     assert isinstance(cluster, SwarmCluster)
     assert isinstance(cluster, ClusterBackend)
     assert cluster.engine == "swarm"
+
+
+def test_select_engine_sets_the_default_of_later_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.cluster.spec import ENGINE_ENV, select_engine
+
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    select_engine(None)
+    assert ClusterSpec(workers=2).engine == "local"
+    select_engine("swarm")
+    assert ClusterSpec(workers=2).engine == "swarm"
+    assert ClusterSpec(workers=2, engine="local").engine == "local"  # an explicit engine wins
+    with pytest.raises(ClusterSpecError, match="'k8s'"):
+        select_engine("k8s")
+    monkeypatch.setenv(ENGINE_ENV, "k8s")
+    with pytest.raises(ClusterSpecError, match=r"\$SQUALL_ENGINE"):
+        ClusterSpec(workers=2)
