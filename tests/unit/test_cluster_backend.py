@@ -49,7 +49,7 @@ def test_open_cluster_swarm_meets_the_interface() -> None:
 def test_select_engine_sets_the_default_of_later_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.cluster.spec import ENGINE_ENV, select_engine
 
-    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    monkeypatch.setenv(ENGINE_ENV, "")  # recorded, so whatever select_engine sets below is undone after
     select_engine(None)
     assert ClusterSpec(workers=2).engine == "local"
     select_engine("swarm")
@@ -60,3 +60,7 @@ def test_select_engine_sets_the_default_of_later_specs(monkeypatch: pytest.Monke
     monkeypatch.setenv(ENGINE_ENV, "k8s")
     with pytest.raises(ClusterSpecError, match=r"\$SQUALL_ENGINE"):
         ClusterSpec(workers=2)
+
+
+def test_the_engine_default_did_not_leak_from_the_test_above() -> None:
+    assert ClusterSpec(workers=2).engine == "local"
