@@ -35,11 +35,13 @@ def test_shipped_profiles_survive_the_round_trip(profile: str) -> None:
 
 def test_unknown_keys_and_wrong_types_are_refused() -> None:
     good = wire.state_to_json(LinkState({(0, 1): LinkSpec(delay_us=1000)}))
-    bad_key = {**good, "links": [[0, 1, {"delay_us": 1000, "evil": 1}]]}
+    bad_key = {**good, "specs": [{"delay_us": 1000, "evil": 1}]}
     with pytest.raises(wire.WireError, match="evil"):
         wire.state_from_json(bad_key)
     with pytest.raises(wire.WireError, match="integer"):
         wire.state_from_json({**good, "blocked": [["0", 1]]})
+    with pytest.raises(wire.WireError, match="list index"):
+        wire.state_from_json({**good, "links": [[0, 1, 5]]})  # a setting that is not in the table
     with pytest.raises(wire.WireError, match="exactly"):
         wire.state_from_json({**good, "extra": []})
     with pytest.raises(wire.WireError):
@@ -88,3 +90,13 @@ def test_cgroup_check_needs_the_container_id(tmp_path: Path) -> None:
     assert not cgroup_names(42, "c4e94683077f" + "0" * 52, proc=str(tmp_path))
     assert not cgroup_names(43, cid, proc=str(tmp_path))  # no such process
     assert not cgroup_names(42, "", proc=str(tmp_path))  # an empty id matches nothing
+
+
+def test_a_256_worker_state_is_small_on_the_wire() -> None:
+    import json
+
+    state = state_at(load_profile("wan-5ms"), 256, 0.0)
+    encoded = json.dumps(wire.state_to_json(state), separators=(",", ":")).encode()
+    assert len(state.links) == 256 * 255
+    assert len(encoded) < wire.MAX_LINE // 8, len(encoded)
+    assert wire.state_from_json(json.loads(encoded)) == state

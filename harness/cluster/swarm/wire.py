@@ -116,9 +116,17 @@ def link_from_json(value: Any, where: str = "link") -> LinkSpec:
 
 
 def state_to_json(state: LinkState) -> dict[str, Any]:
-    """A LinkState as plain JSON values (pairs as [src, dst] lists)."""
+    """A LinkState as plain JSON values: each distinct link setting once, pairs as [src, dst, setting].
+
+    Profiles have few distinct settings and many links (256 workers: 65 280 directed links, about
+    0.8 MB this way instead of about 18 MB with the setting written out per link).
+    """
+    specs: dict[LinkSpec, int] = {}
+    for spec in state.links.values():
+        specs.setdefault(spec, len(specs))
     return {
-        "links": [[src, dst, link_to_json(spec)] for (src, dst), spec in sorted(state.links.items())],
+        "specs": [link_to_json(spec) for spec in specs],
+        "links": [[src, dst, specs[spec]] for (src, dst), spec in sorted(state.links.items())],
         "node_links": [[node, caps.uplink_bps, caps.downlink_bps] for node, caps in sorted(state.node_links.items())],
         "blocked": sorted([src, dst] for src, dst in state.blocked),
     }
@@ -136,15 +144,16 @@ def _rate(value: Any, where: str) -> int | None:
 
 def state_from_json(value: Any) -> LinkState:
     """The LinkState :func:`state_to_json` wrote; :class:`WireError` on anything else."""
-    if not isinstance(value, dict) or set(value) != {"links", "node_links", "blocked"}:
-        raise WireError("a link state is an object with exactly links, node_links and blocked")
+    if not isinstance(value, dict) or set(value) != {"specs", "links", "node_links", "blocked"}:
+        raise WireError("a link state is an object with exactly specs, links, node_links and blocked")
     try:
-        links = {(_int(s, "links.src"), _int(d, "links.dst")): link_from_json(spec, f"links[{s},{d}]")
-                 for s, d, spec in value["links"]}
+        specs = [link_from_json(spec, f"specs[{k}]") for k, spec in enumerate(value["specs"])]
+        links = {(_int(s, "links.src"), _int(d, "links.dst")): specs[_int(k, "links.setting")]
+                 for s, d, k in value["links"]}
         node_links = {_int(n, "node_links.node"): NodeLinkSpec(_rate(up, "uplink_bps"), _rate(down, "downlink_bps"))
                       for n, up, down in value["node_links"]}
         blocked = frozenset((_int(s, "blocked.src"), _int(d, "blocked.dst")) for s, d in value["blocked"])
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, IndexError) as exc:
         raise WireError(f"link state: {exc}") from exc
     return LinkState(links, node_links, blocked)
 
