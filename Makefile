@@ -43,6 +43,11 @@ integration: image
 test-netem: venv
 	@scripts/netem-vm/run.sh
 
+# The swarm engine on a one-node swarm here (docs/swarm.md); the two-node Docker-in-Docker test is not built yet.
+.PHONY: test-swarm
+test-swarm: image
+	@$(VENV)/bin/pytest tests/integration/test_swarm_engine.py tests/unit/test_swarm_engine_wire.py tests/unit/test_cluster_backend.py $(PYTEST_ARGS)
+
 matrix: image
 	@$(SQUALL) matrix matrices/full.yaml --report results/matrix
 
