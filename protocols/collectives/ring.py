@@ -13,11 +13,14 @@ takes chunks from the left neighbour in schedule order, reduces (or copies) each
 buffer and forwards it to the right neighbour at once, while the next chunk is still arriving:
 sends overlap receives within a step and across steps.
 
-One coroutine, no helper tasks. Forwarding a chunk inline costs no task switch or queue hand-off
-(with eight ranks on two cores those were a sizeable share of the CPU per message), and it
-cannot deadlock: the transport's per-connection reader keeps draining every socket into the
-mailbox whatever this coroutine is doing, so a send that waits for buffer space always gets it.
-A send on an idle connection hands the frame to the kernel without suspending.
+Small chunks inline, large ones by a sender task. Below :data:`INLINE_SEND_BYTES` a chunk is
+forwarded from the receiving coroutine itself: the kernel takes it at once, and a task switch and
+queue hand-off per chunk were a sizeable share of the CPU per message with eight ranks on two
+cores. A larger chunk can wait for socket buffer space, and waiting inline would stop the
+reductions meanwhile, so a sender task forwards large chunks from a queue while the receiver
+goes on receiving and reducing. Neither can deadlock: the transport's per-connection reader
+keeps draining every socket into the mailbox whatever the collective is doing, so a send that
+waits for buffer space always gets it.
 
 Cost (alpha-beta, see :mod:`~protocols.collectives.cost`): ``2(n-1)`` steps of ``S/n`` bytes,
 ``T = 2(n-1) alpha + 2 (n-1)/n S/B``; with ``c`` chunks per segment the pipeline finishes in
@@ -31,10 +34,13 @@ For ``mean`` every rank divides the identical sum by ``n`` itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import torch
 
+from protocols.collectives.exchange import concurrently
 from protocols.collectives.ops import (
     ReduceOp,
     check_op,
@@ -54,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: Default tag of ring all-reduce messages ("RING").
 RING_TAG = 0x52494E47
+#: Chunks below this size are forwarded inline; larger ones by a sender task (module docstring).
+INLINE_SEND_BYTES = 256 << 10
 
 
 async def ring_allreduce(
@@ -124,17 +132,40 @@ async def _ring(
     ]
     send, recv = transport.send, transport.recv
     dtype, last = out.dtype, len(steps) - 1
+    largest = min(chunk, bounds[1] - bounds[0]) * out.element_size()
+
+    async def receive_all(forward: Callable[[torch.Tensor], Awaitable[None]]) -> None:
+        for step in steps:
+            for numel, mine, result in chunks[step.recv_segment]:
+                message = await recv(left, tag=tag, round=round, timeout=timeout)
+                piece = checked_piece(message, numel=numel, dtype=dtype, sender=left)
+                if step.reduce:
+                    combine_into(op, mine, piece, result)
+                else:
+                    copy_into(result, piece)
+                if step.index < last:
+                    await forward(result)
+
+    async def send_now(view: torch.Tensor) -> None:
+        await send(right, Message.of_tensor(view, round=round, tag=tag), timeout=timeout)
 
     logger.debug("rank %d: ring all-reduce of %d elements in chunks of %d", rank, out.numel(), chunk)
+    if largest < INLINE_SEND_BYTES:
+        for _, mine, _ in chunks[steps[0].send_segment]:
+            await send_now(mine)
+        await receive_all(send_now)
+        return
+
+    ready: asyncio.Queue[torch.Tensor] = asyncio.Queue()
     for _, mine, _ in chunks[steps[0].send_segment]:
-        await send(right, Message.of_tensor(mine, round=round, tag=tag), timeout=timeout)
-    for step in steps:
-        for numel, mine, result in chunks[step.recv_segment]:
-            message = await recv(left, tag=tag, round=round, timeout=timeout)
-            piece = checked_piece(message, numel=numel, dtype=dtype, sender=left)
-            if step.reduce:
-                combine_into(op, mine, piece, result)
-            else:
-                copy_into(result, piece)
-            if step.index < last:
-                await send(right, Message.of_tensor(result, round=round, tag=tag), timeout=timeout)
+        ready.put_nowait(mine)
+    sends = sum(len(chunks[step.send_segment]) for step in steps)
+
+    async def sender() -> None:
+        for _ in range(sends):
+            await send_now(await ready.get())
+
+    async def enqueue(view: torch.Tensor) -> None:
+        ready.put_nowait(view)
+
+    await concurrently(sender(), receive_all(enqueue))

@@ -39,6 +39,7 @@ import contextlib
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,8 @@ POOL_MAX_BYTES = 64 << 20
 #: Largest ``SO_RCVLOWAT`` set while a payload is outstanding (also kept to a quarter of the
 #: receive buffer, see ``StreamConnection._set_lowat``).
 MAX_RCVLOWAT = 4 << 20
+#: Most bytes one readability callback reads before it lets the loop run something else.
+PUMP_MAX_BYTES = 4 << 20
 #: ``sys.getrefcount`` of a pooled array nobody else holds: the pool's list, the loop variable
 #: and the call's own argument.
 _IDLE_REFS = 3
@@ -166,6 +169,7 @@ class StreamConnection:
         self._lowat = 1  # the socket's SO_RCVLOWAT
         self._waiters: list[asyncio.Future[None] | None] = [None, None]
         self._reading = False  # the fd is registered for readability (see _wait)
+        self._sink: tuple[Callable[[Frame], bool], asyncio.Future[None]] | None = None  # see deliver_frames
         self.write_lock = asyncio.Lock()
         self.partial_write = False  # True while a frame has been partly written
         self.last_rx = time.monotonic()  # when bytes last arrived
@@ -252,6 +256,66 @@ class StreamConnection:
             self.last_rx = time.monotonic()
             self._decoder.buffer_updated(received)
 
+    async def deliver_frames(self, handle: Callable[[Frame], bool]) -> None:
+        """Hand every incoming frame to ``handle`` until it returns False (then return).
+
+        The frames are read and handed over by the event loop's readability callback itself, not
+        by a task that the callback wakes: a task wake-up costs a future, a scheduled step and
+        one more pass of the loop per frame, and a receiver's own wake-up follows anyway. The
+        connection reads at most :data:`PUMP_MAX_BYTES` per callback so that one busy peer
+        cannot starve the loop; readability is level-triggered, so the rest is read next pass.
+
+        :raises EOFError, WireError, OSError: as :meth:`read_frame`; also whatever ``handle``
+            raises, which ends the delivery.
+        """
+        if self.closed:
+            raise ConnectionAbortedError("connection closed")
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._sink = (handle, done)
+        try:
+            self._pump()
+            await done
+        finally:
+            self._sink = None
+
+    def _pump(self) -> None:
+        """Read and deliver what the socket holds (see :meth:`deliver_frames`)."""
+        assert self._sink is not None
+        handle, done = self._sink
+        budget = PUMP_MAX_BYTES
+        try:
+            while not done.done():
+                frame = self._decoder.next_frame()
+                if frame is not None:
+                    if not handle(frame) and not done.done():
+                        done.set_result(None)
+                    continue
+                if budget <= 0:
+                    self._set_lowat(0)  # wake again as soon as anything is readable
+                    self._watch()
+                    return
+                buffer = self._decoder.get_buffer()
+                try:
+                    received = self._sock.recv_into(buffer)
+                except (BlockingIOError, InterruptedError):
+                    self._set_lowat(self._decoder.direct_remaining)
+                    self._watch()
+                    return
+                if received == 0:
+                    raise EOFError("connection closed mid-frame" if self._decoder.mid_frame else "connection closed")
+                budget -= received
+                self.last_rx = time.monotonic()
+                self._decoder.buffer_updated(received)
+        except Exception as exc:  # handed to deliver_frames' caller, which sorts it
+            if not done.done():
+                done.set_exception(exc)
+
+    def _watch(self) -> None:
+        """Stay registered for readability (idempotent)."""
+        if not self._reading and not self.closed:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._reading = True
+
     def _set_lowat(self, remaining: int) -> None:
         """Before waiting: wake the reader once ``remaining`` bytes are readable (0: any byte).
 
@@ -286,6 +350,8 @@ class StreamConnection:
         self.closed = True
         for kind in (_READ, _WRITE):
             self._unregister(kind)
+        if self._sink is not None and not self._sink[1].done():
+            self._sink[1].set_exception(ConnectionAbortedError("connection closed"))
         self._sock.close()
 
     async def _wait(self, kind: int) -> None:
@@ -308,6 +374,9 @@ class StreamConnection:
 
     def _on_readable(self) -> None:
         """Wake the reader; with nobody waiting, stop watching (the next :meth:`_wait` starts again)."""
+        if self._sink is not None:
+            self._pump()
+            return
         future = self._waiters[_READ]
         if future is None:
             self._loop.remove_reader(self._fd)

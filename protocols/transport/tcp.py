@@ -27,7 +27,8 @@ is writing to takes the write lock without suspending and hands the frame to the
 once; only what the kernel does not take then waits, within the deadline, so the common case
 arms no timer.
 
-Failure. A reader task per connection delivers frames to the mailbox. EOF, a reset, an
+Failure. A reader task per connection delivers frames to the mailbox (from the loop's
+readability callback: :meth:`StreamConnection.deliver_frames`). EOF, a reset, an
 invalid frame or a ``BYE`` marks the peer failed after everything before it was delivered:
 pending and future receives from it raise :class:`PeerFailed`, and so do sends. Optional
 heartbeats (``heartbeat_interval``) detect peers that are alive at the TCP level but silent
@@ -382,8 +383,7 @@ class TcpTransport(Transport):
 
     async def _read_loop(self, peer: int, conn: StreamConnection) -> None:
         try:
-            while self._handle(peer, await conn.read_frame()):
-                pass
+            await conn.deliver_frames(lambda frame: self._handle(peer, frame))
         except EOFError as exc:
             self._fail(peer, f"{exc} without BYE")
         except WireError as exc:
