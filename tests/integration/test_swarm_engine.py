@@ -83,6 +83,22 @@ def test_echo_mesh_across_four_workers(swarm4: SwarmCluster) -> None:
     assert all(sum(r.value["ok"].values()) == 3 and not any(r.value["failed"].values()) for r in results)
 
 
+def test_the_node_agent_refuses_requests_without_the_token_and_foreign_containers(
+        swarm4: SwarmCluster, docker_client: Any) -> None:
+    from harness.cluster.errors import ClusterError
+    from harness.cluster.swarm import wire
+
+    (link,) = swarm4.links.values()
+    answer = wire.call((link.host, link.port), "not-the-token", {"cmd": "workers"})
+    assert answer == {"ok": False, "error": "unauthenticated"}
+    # the agent's own container is on this node but is no worker of the run: no churn on it
+    (agent,) = docker_client.containers.list(filters={"label": [f"squall.run={swarm4.run_id}",
+                                                                 "squall.role=node-agent"]})
+    with pytest.raises(ClusterError, match="not a worker"):
+        link.call("container", container_id=agent.id, action="kill")
+    assert agent.reload() is None and agent.status == "running"
+
+
 def test_shaping_through_the_node_agent_is_all_or_nothing(swarm4: SwarmCluster) -> None:
     shaper = swarm4.open_shaper()
     try:
