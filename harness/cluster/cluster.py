@@ -42,6 +42,7 @@ from harness.cluster.errors import ClusterError, ClusterSpecError, ImageError, J
 from harness.cluster.image import REPO_ROOT, current_worker_tag
 from harness.cluster.jobs import JobResult
 from harness.cluster.ownership import LABEL_NODE, Owner, new_run_id, state_root, write_owner
+from harness.cluster.remote import require_local_engine
 from harness.cluster.spec import LOCAL, ClusterSpec, node_address
 from harness.cluster.subnets import overlapping, pick_free
 from harness.shaping.base import Endpoint, Shaper
@@ -220,6 +221,9 @@ class Cluster:
             self._create_network(subnet)
             assert self.subnet is not None
             self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)])
+            # the run's own pids must be its containers in this machine's /proc, or shaping would enter
+            # unrelated namespaces: a remote engine is refused here, pointing to --engine swarm
+            require_local_engine(self.client, container_ids=[n.container_id for n in self.nodes])
             deadline = time.monotonic() + self.spec.ready_timeout_s
             self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes], interrupt=self._stop.set)
         except ENGINE_ERRORS as exc:
