@@ -132,9 +132,14 @@ def test_calibration_through_the_node_agent(swarm4: SwarmCluster, profile: str, 
 
 
 def test_churn_kill_restart_pause_disconnect(docker_client: Any, worker_image: str) -> None:
+    """Also the path of a multi-machine run: every job's files reach the harness through the agents
+    (``mirror``), into a directory no worker mounts."""
     spec = ClusterSpec(workers=4, memory="512m", preload=(), engine=SWARM)
-    with open_cluster(spec, client=docker_client) as cluster:
-        assert isinstance(cluster, SwarmCluster)
+    cluster = open_cluster(spec, client=docker_client)
+    assert isinstance(cluster, SwarmCluster)
+    cluster.mirror = True
+    with cluster:
+        assert all(n.run_dir.parent.name == "collected" for n in cluster.nodes)
         shaper = cluster.open_shaper()
         try:
             shaper.apply(state_at(load_profile("wan-5ms"), 4, 0.0))
@@ -156,6 +161,7 @@ def test_churn_kill_restart_pause_disconnect(docker_client: Any, worker_image: s
             results = cluster.run_job("echo_mesh", {"port": 29401}, timeout=60)
             assert [r.ok for r in results] == [True] * 4, [r.describe() for r in results]
             assert all(not any(r.value["failed"].values()) for r in results), [r.value for r in results]
+            assert all(r.out_dir.is_relative_to(cluster.state_dir / "collected") and r.metrics() for r in results)
         finally:
             shaper.close()
         run_id = cluster.run_id

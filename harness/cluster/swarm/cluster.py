@@ -17,7 +17,8 @@ Per run (all labelled ``squall.run=<run id>`` plus the owner labels, so ``squall
 If the engine is in no swarm, one is initialised for the run and left again at teardown
 (:mod:`.membership`); a swarm that was there is left as it was. Jobs, the job results and the
 metrics files work as on the local engine: the harness talks to each worker's job agent through
-its node's agent, and the worker's directory is on that node (here: this host).
+its node's agent; a worker's directory is on its node, and when that node is not this host the
+agent's ``fetch`` copies each job's files here as the job ends (:class:`SwarmJobHandle`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -50,10 +52,11 @@ from docker.types import (
 
 from harness.cluster import lifecycle
 from harness.cluster.agent_client import AgentClient
-from harness.cluster.cluster import RUN_MOUNT, SRC_MOUNT, Cluster, Node, NodeState
+from harness.cluster.cluster import RUN_MOUNT, SRC_MOUNT, Cluster, JobHandle, Node, NodeState
 from harness.cluster.engine import ENGINE_ERRORS
 from harness.cluster.errors import ClusterError
 from harness.cluster.image import REPO_ROOT
+from harness.cluster.jobs import JobResult
 from harness.cluster.ownership import write_owner
 from harness.cluster.spec import SWARM, ClusterSpec
 from harness.cluster.subnets import pick_free
@@ -88,6 +91,7 @@ class SwarmNode(Node):
 
     host: str = ""  # the swarm node (hostname) it runs on
     link: NodeLink | None = None  # that node's agent
+    mirrored: bool = False  # run_dir is a copy on this host, filled through the agent (the node is elsewhere)
 
     @property
     def netns_path(self) -> str:
@@ -111,6 +115,22 @@ class SwarmNode(Node):
         return Placed(self.index, self.address, self.host, self.container_id)
 
 
+class SwarmJobHandle(JobHandle):
+    """A job on a swarm: each node's outputs are fetched through its agent when they are elsewhere."""
+
+    cluster: SwarmCluster
+
+    def _wait_one(self, index: int) -> JobResult:
+        result = super()._wait_one(index)
+        node = self.cluster.nodes[index]
+        if isinstance(node, SwarmNode) and node.mirrored and result.state != "cancelled":
+            try:
+                self.cluster.fetch(node, self.job_id)
+            except ClusterError as exc:
+                logger.warning("worker %d: fetching job %s's files: %s", index, self.job_id, exc)
+        return result
+
+
 class SwarmCluster(Cluster):
     """A run's workers as a Swarm service, shaped by the node agents (see the module docstring)."""
 
@@ -131,6 +151,9 @@ class SwarmCluster(Cluster):
         self._service_ids: list[str] = []
         self._secret_id: str | None = None
         self._joined = False
+        #: copy job outputs through the agents: None = for workers on other machines only; True = for
+        #: all (a one-node test of the path a multi-machine run takes)
+        self.mirror: bool | None = None
 
     # -- creation ---------------------------------------------------------------------------------
     def start(self) -> SwarmCluster:
@@ -304,8 +327,29 @@ class SwarmCluster(Cluster):
             time.sleep(POLL_S)
 
     def _node_of(self, index: int, node: str, w: dict[str, Any]) -> SwarmNode:
-        return SwarmNode(index, str(w["name"]), str(w["container_id"]), str(w["address"]), 0,
-                         self.state_dir / f"w{index + 1}", host=node, link=self.links[node])
+        mirrored = self.mirror if self.mirror is not None else node != socket.gethostname()
+        run_dir = self.state_dir / ("collected" if mirrored else "") / f"w{index + 1}"
+        return SwarmNode(index, str(w["name"]), str(w["container_id"]), str(w["address"]), 0, run_dir,
+                         host=node, link=self.links[node], mirrored=mirrored)
+
+    def fetch(self, node: SwarmNode, job_id: str) -> None:
+        """Copy a job's output files from the worker's node into ``node.run_dir`` here."""
+        assert node.link is not None
+        files = node.link.call("fetch", slot=node.index + 1, job_id=job_id)["files"]
+        out = node.run_dir / "jobs" / job_id
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            if name in ("result.json", "metrics.jsonl", "log.txt"):
+                (out / name).write_text(text)
+
+    def start_job(self, entry: str, config: dict[str, Any] | None = None, *, nodes: Sequence[int] | None = None,
+                  timeout: float = 120.0, seed: int = 0,
+                  per_node: Mapping[int, Mapping[str, Any]] | None = None) -> JobHandle:
+        """As on the local engine; outputs of workers on other machines are fetched when each ends."""
+        handle = super().start_job(entry, config, nodes=nodes, timeout=timeout, seed=seed, per_node=per_node)
+        swarm = SwarmJobHandle(self, handle.job_id, handle.nodes, timeout)
+        swarm.deadline = handle.deadline
+        return swarm
 
     def _check_stop(self, what: str) -> None:
         if self._stop.is_set():

@@ -15,7 +15,8 @@ read from the Swarm secret at start). What it does, always for *this node's* wor
   that lands in its own namespaces (workers on other nodes are handed to the shaper as namespaces
   that are not here, which the shapers skip);
 * ``relay``: passes a request to a worker's job agent (its Unix socket in the state directory) and
-  returns the answer, so jobs run, are waited for and collected as on the local engine;
+  returns the answer, so jobs run and are waited for as on the local engine; ``fetch``: a finished
+  job's result, metrics and log, for a harness on another machine;
 * ``container`` and ``link``: churn (kill, pause, unpause, restart; interface down/up) on this
   node's workers;
 * ``hello``: the node's name and clock, for the harness to measure clock offsets.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import socketserver
@@ -55,6 +57,9 @@ ENV_KEYS = ("SQUALL_RUN", "SQUALL_AGENT_PORT", "SQUALL_TOKEN_FILE", "SQUALL_WORK
 HOST_PROC = os.environ.get("SQUALL_HOST_PROC", "/host/proc")
 CONTAINER_ACTIONS = ("kill", "pause", "unpause", "restart", "start")
 SLOT_LABEL = "com.docker.swarm.task.name"  # "<service>.<slot>.<task id>"
+JOB_ID = re.compile(r"^j[0-9]{4,9}$")  # the cluster's job ids; nothing else names a directory to read
+JOB_FILES = ("result.json", "metrics.jsonl", "log.txt")
+MAX_JOB_FILE = 4 << 20  # per file in one answer (the answer line is bounded by wire.MAX_LINE)
 SERVICE_LABEL = "com.docker.swarm.service.name"
 
 
@@ -169,6 +174,20 @@ class Agent:
         subprocess.run(["nsenter", f"--net={path}", "ip", "link", "set", "dev", "eth0", "up" if up else "down"],
                        check=True, capture_output=True, timeout=10)
 
+    def fetch(self, slot: int, job_id: str) -> dict[str, str]:
+        """A job's output files on this node (result, metrics, log), for a harness on another machine."""
+        if not 1 <= slot <= self.config.workers or not JOB_ID.match(job_id):
+            raise ValueError(f"no job {job_id!r} on slot {slot}")
+        out = slot_dir(self.config.run_dir, slot) / "jobs" / job_id
+        files = {}
+        for name in JOB_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                data = (out / name).read_bytes()
+                if len(data) > MAX_JOB_FILE:  # keep the end: the last records and the traceback matter
+                    data = data[-MAX_JOB_FILE:].split(b"\n", 1)[-1]
+                files[name] = data.decode(errors="replace")
+        return files
+
     # -- shaping ----------------------------------------------------------------------------------
     def name_overlay_namespace(self) -> str | None:
         """Make the overlay's bridge namespace visible as an ``ip netns`` name; returns its path.
@@ -267,6 +286,8 @@ class Agent:
                 return {"ok": True, "answer": client.request(dict(request["request"]), timeout=timeout)}
             except (JobError, ValueError) as exc:
                 return {"ok": True, "answer": None, "error": str(exc)}
+        if cmd == "fetch":
+            return {"ok": True, "files": self.fetch(int(request["slot"]), str(request["job_id"]))}
         if cmd == "container":
             self.container(str(request["container_id"]), str(request["action"]))
             return {"ok": True}
