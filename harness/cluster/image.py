@@ -247,15 +247,19 @@ def current_worker_tag(client: Any) -> str | None:
 
 def stale_images(client: Any) -> list[str]:
     """Squall images built for inputs that are no longer current (left by earlier builds)."""
+    from harness.cluster.swarm.agent_image import REPO as AGENT_REPO
+    from harness.cluster.swarm.agent_image import agent_tag
+
     keep: set[str] = set()
     current = current_worker_tag(client)
     if current is not None:
         keep.add(current)
         keep.add(choose_base(client).tag)
+        keep.add(agent_tag(current))  # the swarm engine's node agent, built on the current worker image
     stale = []
     for img in client.images.list(filters={"dangling": False}):
         for tag in img.tags:
-            if tag.split(":")[0] in {WORKER_REPO, BASE_REPO} and tag not in keep:
+            if tag.split(":")[0] in {WORKER_REPO, BASE_REPO, AGENT_REPO} and tag not in keep:
                 stale.append(tag)
     return sorted(stale)
 

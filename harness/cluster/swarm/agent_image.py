@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cluster.errors import ImageError
-from harness.cluster.image import REPO_ROOT, ensure_variant_image
+from harness.cluster.image import REPO_ROOT, ensure_variant_image, variant_tag
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,11 @@ def _prepare(context: Path) -> None:
             dest = site / f
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
+
+
+def agent_tag(worker_tag: str) -> str:
+    """The agent image's tag for this worker image and recipe (``squall image prune`` keeps it)."""
+    return variant_tag(REPO, worker_tag, RECIPE_DIR, ("Dockerfile",))
 
 
 def ensure_agent_image(client: Any) -> str:
