@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ class HostJobHandle:
         self.out_dirs = out_dirs
         self.root = root
         self.deadline = deadline  # time.monotonic()
+        # a handle dropped without wait() (its caller raised) still kills and removes, at the latest at exit
+        self._finalizer = weakref.finalize(self, _remove, procs, root)
 
     def wait(self, *, raise_on_failure: bool = True) -> list[JobResult]:
         """Block until every process ended or the deadline passed (then kill it); read and remove the files."""
@@ -118,11 +121,15 @@ class HostJobHandle:
 
     def kill(self) -> None:
         """Kill what still runs and remove the directory (idempotent)."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._finalizer()
+
+
+def _remove(procs: list[subprocess.Popen[bytes]], root: Path) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _held(node: int, job_id: str, state: str, code: int | None, out_dir: Path) -> HeldJobResult:
