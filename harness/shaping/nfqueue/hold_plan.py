@@ -48,9 +48,10 @@ class QueueBlock:
     nodes: int  # node indices are 0 .. nodes - 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nodes, int) or self.nodes < 2:
+        if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 2:
             raise RulesError(f"queue block: nodes={self.nodes!r}; allowed: an integer >= 2")
-        if not isinstance(self.base, int) or self.base < 0 or self.base + self.size - 1 > MAX_QUEUE:
+        fits = isinstance(self.base, int) and not isinstance(self.base, bool) and self.base >= 0
+        if not fits or self.base + self.size - 1 > MAX_QUEUE:
             raise RulesError(
                 f"queue block: base={self.base!r} with {self.nodes} nodes; allowed: 0 .. {MAX_QUEUE - self.size + 1}"
             )

@@ -1,0 +1,181 @@
+"""Conformance with clients nobody here wrote: ``ping`` round trips and ``iperf3`` rates between nodes.
+
+The probes of the calibration measure with our own code; these run the stock tools inside the
+nodes' network namespaces (``nsenter --net``, the binaries of the machine that runs the tests), so a
+user's first sanity check gives the answer the profile promises:
+
+* ``ping`` RTT = the sum of both directions' delays (plus the unshaped RTT measured beside it),
+  within ``max(0.5 ms, 5 %)``. The mean is taken without host stalls (samples more than
+  ``STALL_FLOOR_US`` from the median), as the calibration's delay check does; when more than
+  ``MAX_STALL_FRACTION`` of them are stalls the verdict is "unknown: host too busy".
+* ``iperf3`` TCP goodput and UDP received rate within 7 % of the link's rate.
+
+Parsing and judging are pure (table-tested in ``tests/unit/test_nfq_kernel_clients.py``); running
+needs root, ``nsenter``, ``ping`` and ``iperf3``. :func:`require_tools` installs the two tools with
+apt where they are missing and apt is there, and otherwise raises with what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from harness.calibration.stats import without_stalls
+from harness.calibration.verdicts import MAX_STALL_FRACTION, STALL_FLOOR_US
+
+PING_ABS_US = 500.0  # RTT within max(0.5 ms, 5 %) of both directions' delays
+PING_REL = 0.05
+RATE_REL = 0.07  # iperf3 rate within 7 % of the link's rate
+IPERF_PORT = 5201
+TOOLS = {"ping": "iputils-ping", "iperf3": "iperf3", "nsenter": "util-linux"}
+_TIME = re.compile(r"\bicmp_seq=(\d+)\b.*\btime=([0-9.]+) ms")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One judged check, shaped like the calibration's rows (``tests.timing.judged`` reads it)."""
+
+    link: tuple[int, int]  # (source, destination) node indices
+    metric: str  # "ping_rtt", "iperf3_tcp", "iperf3_udp"
+    verdict: str  # "passed", "failed" or "unknown"
+    why: str  # the figures behind the verdict
+
+
+def parse_ping(text: str) -> list[float]:
+    """Round-trip times in microseconds, one per reply line of ``ping``'s output (duplicates dropped)."""
+    seen: dict[int, float] = {}
+    for line in text.splitlines():
+        m = _TIME.search(line)
+        if m and "DUP!" not in line:
+            seen.setdefault(int(m.group(1)), float(m.group(2)) * 1000.0)
+    return list(seen.values())
+
+
+def judge_ping(link: tuple[int, int], rtts_us: list[float], expected_us: float, base_us: float,
+               *, sent: int) -> Row:
+    """``ping``'s RTT against the sum of both directions' delays (``expected_us``) plus the unshaped RTT."""
+    if len(rtts_us) < sent // 2:
+        return Row(link, "ping_rtt", "failed", f"{len(rtts_us)} of {sent} pings answered")
+    kept, stalls = without_stalls(rtts_us, STALL_FLOOR_US)
+    want = expected_us + base_us
+    tol = max(PING_ABS_US, PING_REL * expected_us)
+    told = (f"ping RTT mean {kept.mean / 1e3:.3f} ms without {stalls} host stalls (n={len(rtts_us)}), expected "
+            f"{expected_us / 1e3:.3f} ms of delays + {base_us / 1e3:.3f} ms unshaped = {want / 1e3:.3f} "
+            f"+- {tol / 1e3:.3f} ms")
+    if stalls > MAX_STALL_FRACTION * len(rtts_us):
+        return Row(link, "ping_rtt", "unknown", f"host too busy: {told}")
+    return Row(link, "ping_rtt", "passed" if abs(kept.mean - want) <= tol else "failed", told)
+
+
+def parse_iperf3(text: str) -> tuple[float, str | None]:
+    """(rate the receiver got in bit/s, the error iperf3 reported or None) from ``iperf3 -J`` output.
+
+    ``end.sum_received.bits_per_second``: payload bytes that arrived at the server over the test's
+    interval, for TCP and for UDP alike (datagrams dropped at the rate limit do not count).
+    """
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return 0.0, f"not JSON: {text[-300:]!r}"
+    if not isinstance(doc, dict):
+        return 0.0, f"not an iperf3 report: {text[-300:]!r}"
+    if doc.get("error"):
+        return 0.0, str(doc["error"])
+    received = doc.get("end", {}).get("sum_received")
+    if not isinstance(received, dict) or "bits_per_second" not in received:
+        return 0.0, "no end.sum_received in the report"
+    return float(received["bits_per_second"]), None
+
+
+def judge_rate(link: tuple[int, int], metric: str, got_bps: float, rate_bps: float, error: str | None) -> Row:
+    """A rate iperf3 measured against the link's rate, within :data:`RATE_REL`."""
+    if error:
+        return Row(link, metric, "failed", f"iperf3: {error}")
+    told = f"{metric} {got_bps / 1e6:.2f} Mbit/s, link rate {rate_bps / 1e6:g} Mbit/s +- {RATE_REL:.0%}"
+    ok = abs(got_bps - rate_bps) <= RATE_REL * rate_bps
+    return Row(link, metric, "passed" if ok else "failed", told)
+
+
+# ----------------------------------------------------------------------------- running (root)
+
+
+def missing_tools() -> list[str]:
+    """The tools not on ``PATH``."""
+    return [tool for tool in TOOLS if shutil.which(tool) is None]
+
+
+def require_tools() -> None:
+    """Install ``ping``/``iperf3`` with apt if missing (root, apt present); raise naming what is missing."""
+    missing = missing_tools()
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        packages = sorted({TOOLS[t] for t in missing})
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        cmd = ["apt-get", "install", "-y", "-qq", *packages]
+        if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=False)
+            subprocess.run(cmd, env=env, capture_output=True, check=False)
+        missing = missing_tools()
+    if missing:
+        raise RuntimeError(f"missing {missing}: install {sorted({TOOLS[t] for t in missing})}")
+
+
+def in_netns(netns: str, argv: list[str]) -> list[str]:
+    """``argv`` run in the network namespace at ``netns`` (files and binaries stay the caller's)."""
+    return ["nsenter", f"--net={netns}", "--", *argv]
+
+
+def ping(netns: str, address: str, *, count: int, interval_s: float) -> tuple[list[float], str]:
+    """``ping`` from ``netns`` to ``address``: the RTTs in microseconds and the raw output."""
+    argv = in_netns(netns, ["ping", "-n", "-c", str(count), "-i", f"{interval_s:g}", "-W", "2", address])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=count * interval_s + 30, check=False)
+    return parse_ping(proc.stdout), proc.stdout + proc.stderr
+
+
+@contextlib.contextmanager
+def iperf3_server(netns: str, port: int = IPERF_PORT) -> Iterator[None]:
+    """An ``iperf3`` server in ``netns`` for the duration of the block (killed and reaped after)."""
+    proc = subprocess.Popen(in_netns(netns, ["iperf3", "-s", "-p", str(port)]), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)  # let it listen (a refused connection is retried below anyway)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def iperf3(netns: str, address: str, *, seconds: float, udp_bps: float | None = None,
+           port: int = IPERF_PORT) -> tuple[float, str | None]:
+    """One ``iperf3`` client run from ``netns``: (receiver's rate in bit/s, error or None).
+
+    ``udp_bps``: UDP offered at that rate (1400-byte datagrams), else TCP.
+    """
+    argv = ["iperf3", "-c", address, "-p", str(port), "-t", f"{seconds:g}", "-J"]
+    if udp_bps is not None:
+        argv += ["-u", "-b", f"{int(udp_bps)}", "-l", "1400"]
+    out: tuple[float, str | None] = (0.0, "not run")
+    for _ in range(3):  # the server may not listen yet
+        proc = subprocess.run(in_netns(netns, argv), capture_output=True, text=True, timeout=seconds + 30,
+                              check=False)
+        out = parse_iperf3(proc.stdout or proc.stderr)
+        if out[1] is None or "refused" not in out[1]:
+            return out
+        time.sleep(0.5)
+    return out
+
+
+def describe(rows: list[Row]) -> list[dict[str, Any]]:
+    """Rows as plain dicts (for logs and reports)."""
+    return [{"link": list(r.link), "metric": r.metric, "verdict": r.verdict, "why": r.why} for r in rows]
