@@ -10,6 +10,8 @@
 # code to exit_code. This script exits with the guest command's exit code (1 if none came back).
 # TCG, not KVM: nested KVM hangs at boot on the machines this was measured on (DESIGN.md section 7).
 # NETEM_VM_TIMEOUT (s, default 720) bounds the whole VM (a full run took 10+ min on a loaded 2-core host); NETEM_VM_SMP (2) and NETEM_VM_MEM (2048 MB).
+# NETEM_VM_NICE (default -20, as root) is QEMU's nice value: the guest's clock is the host's, so every
+# millisecond the host gives a vCPU thread to other work reads in the guest as packet delay.
 set -euo pipefail
 
 log() { printf 'netem-vm: %s\n' "$*" >&2; }
@@ -31,6 +33,18 @@ mapfile -t built < <(NETEM_VM_CACHE="$CACHE" "$HERE/prepare.sh")
 VMLINUZ="${built[0]}"
 INITRD="${built[1]}"
 
+# Bytecode for everything the guest imports, written here where it takes seconds: the guest mounts
+# this tree read-only and would otherwise compile every module (and pytest rewrite every test
+# module) under TCG on every run, which took 1-2 min of each run. (A failure here only costs time.)
+PY="$REPO/.venv/bin/python"
+if [ -x "$PY" ]; then
+    env -u PYTHONDONTWRITEBYTECODE "$PY" -m compileall -q -j 0 "$REPO/harness" "$REPO/protocols" "$REPO/tests" \
+        >/dev/null 2>&1 || true
+    (cd "$REPO" && env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q --collect-only -p no:cacheprovider \
+        tests/integration/test_shaping_backends.py tests/netem_vm/guest_backends.py \
+        tests/netem_vm/guest_conformance.py >/dev/null 2>&1) || true
+fi
+
 rm -rf "$OUT"
 mkdir -p "$OUT"
 printf '%q ' "$@" >"$OUT/cmd"
@@ -41,11 +55,20 @@ t0=$(date +%s%N)
 rc=0
 # Multi-threaded TCG. (-icount, which would hide the host's stalls from the guest's clock, did not
 # get past SeaBIOS in 200 s here.)
-timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 \
+# Kernel options for speed under TCG, where the guest's own costs read as packet delay:
+# mitigations=off: no page-table isolation, so a syscall does not switch page tables (TCG flushes its
+# software TLB on every switch, and a UDP probe is two syscalls per datagram); tsc=reliable with
+# clocksource=tsc: clock reads stay in the vDSO instead of trapping to an emulated HPET.
+GUEST_TUNING="${NETEM_VM_GUEST_TUNING-mitigations=off clocksource=tsc tsc=reliable}"
+NICE=()
+if [ "$(id -u)" = "0" ]; then
+    NICE=(nice -n "${NETEM_VM_NICE:--20}")
+fi
+timeout --kill-after=10 "$TIMEOUT" "${NICE[@]}" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu "${NETEM_VM_CPU:-max}" -smp "${NETEM_VM_SMP:-2}" -m "${NETEM_VM_MEM:-2048}" \
     -nographic -no-reboot -nodefaults -serial stdio -monitor none \
     -kernel "$VMLINUZ" -initrd "$INITRD" \
-    -append "console=ttyS0 panic=-1 edd=off quiet loglevel=3 squall.repo=$REPO CI=${CI:-true}" \
+    -append "console=ttyS0 panic=-1 edd=off quiet loglevel=3 $GUEST_TUNING squall.repo=$REPO CI=${CI:-true}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$OUT,mount_tag=out,security_model=none,multidevs=remap" \
     </dev/null >"$OUT/console.log" 2>&1 || rc=$?

@@ -12,9 +12,12 @@ goes to the results share), with the suite's shaper closed first.
 
 Measured on a 2-core host shared with other work (Debian 6.1.192 under multi-threaded TCG): the
 kernel applies every state of both suites (after the netem backend's duplication moved to TEE),
-10 and 100 Mbit/s pass, but Python probes in the guest see 60-99 % of their packets stalled by
-more than 1 ms, so delay, jitter and most calibration rows answer "too busy" (skips), and the
-mixed state's 12 probed pairs at 500 packets/s overrun the guest (probes unsent, echoes dropped).
+10 and 100 Mbit/s pass. At the suite's 500 probes/s on 12 links, four Python probes on two emulated
+CPUs fell behind (echoes queued for hundreds of ms, socket buffers overflowed), which failed the
+loss, partition and phase checks; so the guest probes at :data:`GUEST_RATE_PPS` (same counts,
+longer probes) from real-time agents (:mod:`tests.netem_vm.nscluster`). TCG's own stalls (the
+guest's clock is the host's, and QEMU is descheduled whenever the host is busy) still make most
+millisecond delay checks answer "too busy" on a loaded host: they skip, never pass.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.calibration import plan as calibration_plan
 from harness.calibration import runner as calibration_runner
 from harness.calibration.judge import Baseline
 from harness.calibration.verdicts import CalibrationOutcome
@@ -48,8 +52,17 @@ from tests.netem_vm.nscluster import NamespaceCluster
 from tests.timing import judged
 
 OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
+#: Probes per second per link in the guest. The suite's 500/s on 12 links (6000 datagrams/s plus their
+#: echoes) overran four Python probes on two emulated CPUs: echoes queued for hundreds of ms (read as
+#: "host stalls") and overflowed socket buffers (read as loss). The counts stay, so every check keeps
+#: its sample size and its power; only the probes take longer.
+GUEST_RATE_PPS = float(os.environ.get("NETEM_VM_RATE_PPS", "100"))
+suite.RATE_PPS = GUEST_RATE_PPS  # the suite reads its module constants when a test runs
+calibration_plan.UDP_RATE_PPS = GUEST_RATE_PPS
 CALIBRATED = ("wan-5ms", "lossy-1pct", "thin-20mbit")  # the profiles issue 14 names
-CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # two directions (the suite covers the rest); full-size probes
+CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # two directions (the suite covers the rest)
+# quick: the loss check asks half the resolution (fewer packets) and transfers are shorter (at the
+# guest's probe rate a full lossy-1pct probe takes 33 s a try); the same checks, the same tolerances
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +88,7 @@ def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster,
 def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str) -> None:
     shaper.close()  # the suite is done with it; calibrate() opens its own on the same hosts
     report = calibration_runner.calibrate(profile, workers=suite.N, backend="netem", pairs=CALIBRATED_PAIRS,
-                                          cluster=cluster)  # type: ignore[arg-type]
+                                          quick=True, cluster=cluster)  # type: ignore[arg-type]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"calibration-{profile}.json").write_text(report.to_json())
     assert report.backend == "netem" and not report.errors, report.format()

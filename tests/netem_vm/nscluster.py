@@ -35,6 +35,7 @@ from harness.shaping.lan import BridgedLan
 logger = logging.getLogger(__name__)
 
 PRELOAD = "protocols.jobs.probes"  # what the agents import before serving: the probe jobs
+AGENT_PRIORITY = 5  # SCHED_FIFO of the agents and their jobs (the probes); see tests/timing.py
 READY_TIMEOUT_S = 180.0  # four agents starting Python at once under TCG on a loaded host
 
 
@@ -89,6 +90,10 @@ class NsJobHandle:
 class NamespaceCluster:
     """``workers`` namespaces on a bridge with an agent in each; a context manager that removes them."""
 
+    #: UDP probes run by the (real-time) agents, not by processes the guest starts per probe: starting
+    #: Python costs seconds under TCG, a fork of the preloaded agent does not
+    host_probes = False
+
     def __init__(self, workers: int, *, prefix: str = "sqvm") -> None:
         if workers < 2:
             raise ValueError(f"workers must be >= 2 (the probes measure links between hosts), got {workers}")
@@ -102,7 +107,10 @@ class NamespaceCluster:
                 run_dir = self._dir / f"n{ep.index}"
                 run_dir.mkdir()
                 log = (run_dir / "agent.log").open("wb")
-                argv = [sys.executable, "-m", "protocols.agent", "--socket", str(run_dir / "agent.sock"),
+                # SCHED_FIFO, inherited by every job the agent forks: inside the guest nothing else
+                # (pytest, the shaper's tc calls) can then delay a probe's send or echo
+                argv = ["chrt", "-f", str(AGENT_PRIORITY), sys.executable, "-m", "protocols.agent",
+                        "--socket", str(run_dir / "agent.sock"),
                         "--preload", PRELOAD]
                 self._lan.bed.spawn(self._lan.key(ep.index), argv, stdout=log, stderr=subprocess.STDOUT)
                 log.close()
