@@ -1,18 +1,22 @@
 """What a shaper keeps on the host, outside the containers, and how ``squall gc`` finds it.
 
 Everything else a shaper creates (tc objects, IFB devices, the run's iptables chains) lives in the
-containers' network namespaces and goes with them. On the host there is only the nfqueue
-backend's *work directory* and its *delay daemon*:
+containers' network namespaces and goes with them. On the host there are the nfqueue backend's
+*work directory*, its *delay daemon* and its *hold chain*:
 
 * the work directory ``<tmp>/squall-nfq-<run id>-<random>/`` holds the daemon's config
   (``config.json``, named on the daemon's command line), its control socket and ``owner.json``:
   the run id and the pid and start time of the process that owns the shaper;
 * the daemon (``python -m harness.shaping.nfqueue.daemon --config <work dir>/config.json``) exits
   by itself when its owner dies (its stdin closes), but a daemon that outlived it would keep the
-  dead containers' namespaces alive through its sockets.
+  dead containers' namespaces alive through its sockets;
+* the hold chain ``SQUALL-<run id>-nq`` in the host's ``mangle`` table and its jump from
+  ``PREROUTING`` (:mod:`.nfqueue.hold_plan`), where packets between the containers wait. The
+  backend deletes the work directory only after the chain is gone, so a chain left behind always
+  has a work directory that names its run.
 
 :func:`find` lists them by run id; :func:`remove` stops the daemons (SIGTERM, so held packets are
-released, then SIGKILL) and deletes the directory. Which runs are dead is the caller's decision
+released, then SIGKILL), removes the chains and deletes the directory. Which runs are dead is the caller's decision
 (:mod:`harness.cluster.gc`): this module never judges ownership.
 """
 
@@ -29,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from harness.shaping.base import ShapingError
+from harness.shaping.nfqueue import hold, hold_plan
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,7 @@ class Leftover:
     owner_pid: int | None  # pid of the process that owned the shaper, None when unrecorded
     owner_start: float | None  # that process's start time (psutil create_time)
     daemons: tuple[int, ...]  # pids of delay daemons started from this work directory
+    chains: tuple[str, ...] = ()  # the run's hold chains in this process's network namespace
 
 
 def make_workdir(run_id: str) -> str:
@@ -89,12 +97,16 @@ def find(root: Path | None = None) -> list[Leftover]:
         if workdir is not None and Path(workdir).parent == root:
             daemons.setdefault(workdir, []).append(proc.info["pid"])
     dirs = {str(p) for p in root.glob(f"{WORKDIR_PREFIX}*") if p.is_dir() and run_of_workdir(p.name)}
+    chains: dict[str, list[str]] = {}
+    for chain in hold.leftover_chains():
+        chains.setdefault(hold_plan.run_of_chain(chain) or "", []).append(chain)
     found = []
     for workdir in sorted(dirs | set(daemons)):
         run = run_of_workdir(os.path.basename(workdir))
         assert run is not None
         pid, start = _owner(Path(workdir))
-        found.append(Leftover(run, Path(workdir), pid, start, tuple(daemons.get(workdir, ()))))
+        found.append(Leftover(run, Path(workdir), pid, start, tuple(daemons.get(workdir, ())),
+                              tuple(chains.get(run, ()))))
     return found
 
 
@@ -109,6 +121,14 @@ def _owner(workdir: Path) -> tuple[int | None, float | None]:
 def remove(leftover: Leftover, *, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
     """Stop the daemons and delete the work directory; return what could not be removed, with why."""
     errors = _stop(leftover.daemons, timeout_s)
+    for chain in leftover.chains:
+        try:
+            with hold.host_lock():
+                hold.remove_chain(chain)
+        except ShapingError as exc:
+            errors.append(f"hold chain {chain}: {exc}")
+    if any(chain in hold.leftover_chains() for chain in leftover.chains):
+        return errors  # keep the work directory: it is how the next gc finds the chain
     shutil.rmtree(leftover.workdir, ignore_errors=True)
     if leftover.workdir.exists():
         errors.append(f"nfqueue work directory {leftover.workdir} could not be deleted")

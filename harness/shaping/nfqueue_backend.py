@@ -266,7 +266,11 @@ class NfqueueShaper:
                 with hold.host_lock():
                     self._sysctl.restore()
             finally:
-                shutil.rmtree(self._workdir, ignore_errors=True)
+                if self._hold.installed:  # the work directory is how 'squall gc' finds the chain
+                    logger.warning("nfqueue run %s: hold chain %s left in %s for 'squall gc'", self.run_id,
+                                   self._hold.chain, self._netns)
+                else:
+                    shutil.rmtree(self._workdir, ignore_errors=True)
                 logger.info("nfqueue backend for run %s closed", self.run_id)
 
     # -- helpers ----------------------------------------------------------------------------------
