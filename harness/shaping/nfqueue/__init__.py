@@ -1,18 +1,22 @@
 """NFQUEUE shaping backend: a userspace delay daemon for kernels without ``sch_netem``.
 
-Packets are delayed where they arrive. In each receiving namespace an iptables rule in
-``mangle PREROUTING`` sends each source peer's packets to its own NFQUEUE (:mod:`.rules`). One
-daemon process on the host (:mod:`.daemon`) holds a netlink socket in every namespace, keeps each
-packet until its link model (:mod:`.engine`) says it is due, and then issues the ACCEPT verdict
-(or DROP for loss). The harness starts and watches it with :mod:`.launcher` and changes links at
-run time through :mod:`.control`.
+Packets are delayed on the bridge between the namespaces, after they left the sender and before
+the receiver's kernel sees them (so ``ping`` and receive timestamps there see the delay). In the
+bridge's namespace (the host's, for Docker) one iptables rule per directed link in the run's chain
+in ``mangle PREROUTING`` sends its packets to its own NFQUEUE (:mod:`.hold_plan`, run by
+:mod:`.hold`). One daemon process on the host (:mod:`.daemon`) keeps each packet until its link
+model (:mod:`.engine`) says it is due, and then issues the ACCEPT verdict (or DROP for loss). The
+harness starts and watches it with :mod:`.launcher` and changes links at run time through
+:mod:`.control`. (:mod:`.rules` installs a fixed rule set in one namespace, for the daemon's own
+tests and tools.)
 
 Modules, one job each: ``config`` (frozen dataclasses, JSON), ``jitter``/``loss``/``engine``
 (pure link models), ``histogram`` and ``scheduler`` (pure timing), ``netlink`` (wire format and
 socket), ``netns`` and ``timer`` (ctypes syscalls), ``state`` and ``daemon`` (the event loop),
 ``cli`` (process entry point),
-``server``/``control`` (control protocol), ``launcher`` (process), ``rules`` and ``nft_table``
-(iptables), ``probe`` (application-level measurement).
+``server``/``control`` (control protocol), ``launcher`` (process), ``hold_plan`` and ``hold``
+(where packets wait: the bridge), ``rules`` and ``nft_table`` (iptables), ``probe``
+(application-level measurement).
 """
 
 from __future__ import annotations
