@@ -375,10 +375,10 @@ def test_replace_endpoint_after_a_restart(backend: str) -> None:
             fresh = lan.renew(2)
             lan.start_echo(2, PORT)
             if backend == "netem":  # the sender's egress shapes: a fresh namespace sends unshaped
-                unshaped = lan.probe(2, 1, count=30, interval_us=2_000)
+                unshaped = lan.probe(2, 1, PORT, count=30, interval_us=2_000)
                 assert statistics.fmean(unshaped.one_way_us) < 1_000, "a fresh namespace is not shaped yet"
             else:  # packets wait on the bridge, which the restart left alone: same address, same delay
-                assert_which(lan.probe(0, 2, count=50, interval_us=2_000), 4_000, "0 -> 2 before replace_endpoint")
+                assert_which(lan.probe(0, 2, PORT, count=50, interval_us=2_000), 4_000, "0 -> 2 before the restart")
             shaper.replace_endpoint(fresh)
             retrying(lambda: assert_which(lan.probe(0, 2, count=50, interval_us=2_000), 4_000,
                                           "0 -> 2 in the new namespace"), "0 -> 2 in the new namespace")
