@@ -25,6 +25,11 @@ def test_every_setting_of_a_link_survives_the_round_trip() -> None:
                       frozenset({(2, 0)}))
     back = wire.state_from_json(wire.state_to_json(state))
     assert back == state
+    assert wire.decode_state(wire.encode_state(state)) == state
+    with pytest.raises(wire.WireError, match="string"):
+        wire.decode_state(wire.state_to_json(state))
+    with pytest.raises(wire.WireError, match="not JSON"):
+        wire.decode_state("{")
 
 
 @pytest.mark.parametrize("profile", ["wan-5ms", "lossy-1pct", "lan"])

@@ -253,7 +253,7 @@ class Agent:
                 return
             shaper = self._shaper()
             if cmd == "shape_apply":
-                shaper.apply(wire.state_from_json(request["state"]))
+                shaper.apply(wire.decode_state(request["state"]))
             elif cmd == "shape_clear":
                 shaper.clear()
             elif cmd == "shape_check":

@@ -170,11 +170,11 @@ class SwarmShaper:
         """Every node applies the state to its namespaces; if one fails, the others are put back."""
         self._require_open()
         t0 = time.monotonic()
-        failed = self._all("shape_apply", state=wire.state_to_json(state))
+        failed = self._all("shape_apply", state=wire.encode_state(state))  # encoded once for every node
         if failed:
             done = [lk for lk in self.links if lk.node not in failed]
             if self._state is not None:
-                back = self._all("shape_apply", done, state=wire.state_to_json(self._state))
+                back = self._all("shape_apply", done, state=wire.encode_state(self._state))
             else:
                 back = self._all("shape_clear", done)
             why = "; ".join(f"{n}: {e}" for n, e in failed.items())

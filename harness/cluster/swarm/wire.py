@@ -132,6 +132,22 @@ def state_to_json(state: LinkState) -> dict[str, Any]:
     }
 
 
+def encode_state(state: LinkState) -> str:
+    """:func:`state_to_json` as one JSON text: encoded once, sent to every node as a string."""
+    return json.dumps(state_to_json(state), separators=(",", ":"))
+
+
+def decode_state(text: Any) -> LinkState:
+    """The LinkState :func:`encode_state` wrote; :class:`WireError` on anything else."""
+    if not isinstance(text, str):
+        raise WireError(f"a link state is sent as a JSON string, got {type(text).__name__}")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise WireError(f"link state: not JSON: {exc}") from exc
+    return state_from_json(value)
+
+
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{where}: expected an integer, got {value!r}")
