@@ -21,7 +21,9 @@ Chance of a false failure on a correct backend, per backend run: the two loss ch
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -47,6 +49,7 @@ from harness.calibration.verdicts import (
 from harness.cluster import Cluster
 from harness.profiles import Profile, profile_from_data
 from harness.shaping import Shaper, netem_probe, open_shaper, state_at
+from tests import kernel_clients
 from tests.timing import CANARY_P99_US, StallCanary, judged
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -296,3 +299,104 @@ def test_a_partition_blocks_and_a_heal_restores(cluster: Cluster, shaper: Shaper
             assert check_loss(link, expected, seen.packets, seen.lost).verdict == "passed", seen
         healed = after.round_trips[link]
         assert healed.replies == healed.sent == SHORT_COUNT, f"{link} after the heal: {healed}"
+
+
+# ----------------------------------------------------------------------------- clients nobody here wrote
+# ping and iperf3 run in the containers' namespaces (tests/kernel_clients.py): the receiver's own
+# kernel must see the configured delay (ICMP echo replies, receive timestamps), and stock TCP and
+# UDP must get the link's rate. Delays of 10-50 ms keep the 5 % tolerance wider than what a busy
+# 2-core host adds per packet (0.3-0.6 ms per round trip here at load 5), while a backend that
+# delayed only one direction would be off by 10-50 ms.
+
+logger = logging.getLogger(__name__)
+KERNEL = profile_from_data({"name": "conformance-kernel-clients", "description": "delays and a rate for the tools",
+                            "links": {"pairs": [
+                                {"link": "0 -> 1", "delay": "20ms"},
+                                {"link": "1 -> 0", "delay": "20ms"},
+                                {"link": "2 -> 3", "delay": "50ms"},
+                                {"link": "3 -> 2", "delay": "10ms"},
+                                {"link": "1 -> 2", "delay": "10ms", "rate": "20mbit"},
+                                {"link": "2 -> 1", "delay": "10ms"},
+                            ]}})
+PING_PAIRS = ((0, 1), (2, 3))
+PINGS = 150
+PING_INTERVAL_S = 0.02
+RATE_LINK = (1, 2)
+RATE_BPS = 20e6
+IPERF_SECONDS = 3.0
+UDP_OFFERED = 1.1  # UDP is offered at this multiple of the link's rate
+
+
+@pytest.fixture(scope="module")
+def kernel_tools() -> None:
+    """Name: kernel_tools. Scope: module. ping, iperf3 and nsenter on this machine (installed with apt if
+    missing); missing ones fail the tests under CI=true and skip them elsewhere."""
+    try:
+        kernel_clients.require_tools()
+    except RuntimeError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def _ping(cluster: Any, pair: tuple[int, int], count: int, interval_s: float) -> list[float]:
+    eps = cluster.endpoints()
+    rtts, _ = kernel_clients.ping(eps[pair[0]].netns, eps[pair[1]].address, count=count, interval_s=interval_s)
+    return rtts
+
+
+@pytest.fixture(scope="module")
+def pings(cluster: Any, shaper: Shaper, kernel_tools: None) -> dict[tuple[int, int], kernel_clients.Row]:
+    """Name: pings. Scope: module. Depends: shaper, kernel_tools. One judged ping run per pair of PING_PAIRS;
+    pinged again (up to STALL_TRIES) while the host stalled too many replies to judge."""
+    shaper.clear()
+    unshaped = {pair: statistics.median(_ping(cluster, pair, 50, 0.01) or [math.inf]) for pair in PING_PAIRS}
+    state = state_at(KERNEL, N, 0.0)
+    shaper.apply(state)
+    rows = {}
+    for a, b in PING_PAIRS:
+        expected = float(state.links[(a, b)].delay_us + state.links[(b, a)].delay_us)
+        for _ in range(STALL_TRIES):
+            row = kernel_clients.judge_ping((a, b), _ping(cluster, (a, b), PINGS, PING_INTERVAL_S), expected,
+                                            unshaped[(a, b)], sent=PINGS)
+            if row.verdict != "unknown":
+                break
+        rows[(a, b)] = row
+    shaper.check()
+    return rows
+
+
+@pytest.mark.parametrize("pair", PING_PAIRS, ids=["20+20ms", "50+10ms"])
+def test_ping_rtt_is_the_sum_of_both_directions(pings: dict[tuple[int, int], kernel_clients.Row],
+                                                 pair: tuple[int, int]) -> None:
+    logger.info("ping %s: %s", pair, pings[pair].why)
+    judged(pings[pair])
+
+
+def _iperf3(cluster: Any, udp: bool) -> tuple[float, str | None]:
+    eps = cluster.endpoints()
+    (a, b) = RATE_LINK
+    with kernel_clients.iperf3_server(eps[b].netns):
+        return kernel_clients.iperf3(eps[a].netns, eps[b].address, seconds=IPERF_SECONDS,
+                                     udp_bps=UDP_OFFERED * RATE_BPS if udp else None)
+
+
+@pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])
+def test_iperf3_gets_the_link_rate(cluster: Any, shaper: Shaper, kernel_tools: None, udp: bool) -> None:
+    # As test_rate: a run that falls short is repeated once, watched by a real-time canary; still short
+    # while the canary saw the host stall, the host is too busy to judge a rate.
+    metric = "iperf3_udp" if udp else "iperf3_tcp"
+    shaper.apply(state_at(KERNEL, N, 0.0))
+    got, error = _iperf3(cluster, udp)
+    row = kernel_clients.judge_rate(RATE_LINK, metric, got, RATE_BPS, error)
+    if row.verdict != "passed" and error is None and got < RATE_BPS:
+        canary = StallCanary()
+        with canary.watching():
+            again, error = _iperf3(cluster, udp)
+        row = kernel_clients.judge_rate(RATE_LINK, metric, max(got, again), RATE_BPS, error)
+        if row.verdict != "passed" and canary.p99_us() > CANARY_P99_US:
+            pytest.skip(f"{row.why} while the host stalled (a real-time canary woke {canary.p99_us():.0f} us late "
+                        "at the 99th percentile): too busy to judge the rate")
+    shaper.check()
+    logger.info("%s %s: %s", shaper.backend, RATE_LINK, row.why)
+    assert row.verdict == "passed", row.why
