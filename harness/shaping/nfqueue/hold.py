@@ -37,7 +37,7 @@ from .rules import has_table, normalize_save, table_is_empty
 
 logger = logging.getLogger(__name__)
 
-LOCK_PATH = Path(tempfile.gettempdir()) / "squall-nfq-hold.lock"
+LOCK_PATH = Path(tempfile.gettempdir()) / "squall-bridge-hold.lock"  # not squall-nfq-*: those are work dirs
 SYSCTL = "/proc/sys/net/bridge/bridge-nf-call-iptables"  # read in the namespace that opens it
 PROC_QUEUES = "/proc/thread-self/net/netfilter/nfnetlink_queue"
 
