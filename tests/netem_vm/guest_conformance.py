@@ -30,16 +30,16 @@ import pytest
 
 from harness.calibration import plan as calibration_plan
 from harness.calibration import runner as calibration_runner
-from harness.calibration.judge import Baseline
-from harness.calibration.verdicts import CalibrationOutcome
-from harness.shaping import Shaper, open_shaper
+from harness.calibration.judge import Baseline, stalled_fraction
+from harness.calibration.observations import UdpObservation
+from harness.calibration.probing import run_udp
+from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome
+from harness.shaping import Shaper, open_shaper, state_at
 from tests.integration import test_shaping_conformance as suite
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
     baseline,
-    mixed,
     phase_run,
     rates,
-    test_a_partition_blocks_and_a_heal_restores,
     test_a_per_pair_setting_changes_only_that_pair,
     test_a_phase_takes_effect_within_100_ms,
     test_delay_mean,
@@ -49,7 +49,7 @@ from tests.integration.test_shaping_conformance import (  # noqa: F401  (collect
     test_rate,
 )
 from tests.netem_vm.nscluster import NamespaceCluster
-from tests.timing import judged
+from tests.timing import judged, retrying
 
 OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
 #: Probes per second per link in the guest. The suite's 500/s on 12 links (6000 datagrams/s plus their
@@ -82,6 +82,34 @@ def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster,
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture(scope="module")
+def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
+    """Name: mixed. Scope: module. Depends: shaper. The suite's mixed probe (same state, count, tries).
+
+    Unlike on the host, every test on it skips as too busy while even the least stalled try had more
+    than MAX_STALL_FRACTION of some link's packets stalled: a guest that far behind loses echoes in
+    its own socket buffers (RTTs of 1-2 s and 42 % "loss" on a 10 % link were measured so), which the
+    loss checks would read as the link's. A guest that keeps up is judged exactly as the suite judges.
+    """
+    state = state_at(suite.MIXED, suite.N, 0.0)
+    shaper.apply(state)
+    obs = suite._judgeable(state, lambda: run_udp(cluster, suite.EVERY, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
+                                                  rate_pps=suite.RATE_PPS, wait_s=0.9)[0], shaper)
+    stalled = stalled_fraction(state, obs)
+    if stalled > MAX_STALL_FRACTION:
+        pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
+                    f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
+    return obs
+
+
+def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shaper: Shaper) -> None:
+    """The suite's test, retried as the timing tests are (:func:`tests.timing.retrying`): an echo that a
+    stalled guest sends after the probe stopped waiting reads as a lost packet; a failure while the
+    guest's real-time canary saw no stall fails it."""
+    retrying(lambda: suite.test_a_partition_blocks_and_a_heal_restores(cluster, shaper),  # type: ignore[arg-type]
+             "partition and heal")
 
 
 @pytest.mark.parametrize("profile", CALIBRATED)

@@ -2,9 +2,10 @@
 
 The netem VM (``scripts/netem-vm/``) has a netem kernel but no Docker, so the conformance suite and
 the calibration run there on this stand-in. It offers what they use of
-:class:`harness.cluster.Cluster` (``run_id``, ``nodes``, ``endpoints()``, ``start_job``, ``run_job``)
-and nothing else. The namespaces are :class:`harness.shaping.lan.BridgedLan`'s (``h<i>`` with
-``eth0`` a veth port of a bridge, as a container's); each runs the same agent the containers run
+:class:`harness.cluster.Cluster` (``run_id``, ``nodes``, ``engine``, ``endpoints()``,
+``open_shaper()``, ``placement()``, ``clock_offsets()``, ``start_job``, ``run_job``) and nothing
+else. The namespaces are :class:`harness.shaping.lan.BridgedLan`'s (``h<i>`` with ``eth0`` a veth
+port of a bridge, as a container's); each runs the same agent the containers run
 (:mod:`protocols.agent`, probe jobs preloaded, so a job costs a fork rather than a Python start,
 which is several seconds under TCG), reached through a Unix socket in a temporary directory, and
 the jobs' results are read by the harness's own :class:`~harness.cluster.jobs.JobResult`.
@@ -29,6 +30,7 @@ from typing import Any
 from harness.cluster.agent_client import AgentClient
 from harness.cluster.errors import JobError
 from harness.cluster.jobs import JobResult
+from harness.shaping import Shaper, open_shaper
 from harness.shaping.base import Endpoint
 from harness.shaping.lan import BridgedLan
 
@@ -90,6 +92,7 @@ class NsJobHandle:
 class NamespaceCluster:
     """``workers`` namespaces on a bridge with an agent in each; a context manager that removes them."""
 
+    engine = "local"  # (what the cluster backend interface records; the guest is one machine)
     #: UDP probes run by the (real-time) agents, not by processes the guest starts per probe: starting
     #: Python costs seconds under TCG, a fork of the preloaded agent does not
     host_probes = False
@@ -133,6 +136,18 @@ class NamespaceCluster:
     def endpoints(self) -> list[Endpoint]:
         """Index, address and namespace of each host, as the shaping layer wants them."""
         return list(self._lan.endpoints)
+
+    def open_shaper(self, backend: str | None = None) -> Shaper:
+        """A shaper for :meth:`endpoints`, in this process (as the local cluster's): what calibrate() asks for."""
+        return open_shaper(self.endpoints(), run_id=self.run_id, backend=backend)
+
+    def placement(self) -> dict[int, str]:
+        """Every host runs in this guest."""
+        return {n.index: "local" for n in self.nodes}
+
+    def clock_offsets(self) -> dict[str, float]:
+        """One machine, one clock."""
+        return {"local": 0.0}
 
     def start_job(self, entry: str, config: dict[str, Any] | None = None, *, nodes: Sequence[int] | None = None,
                   timeout: float = 120.0, seed: int = 0,
