@@ -189,9 +189,29 @@ def test_gc_removes_what_a_killed_harness_left(docker_client: Any, worker_image:
     assert not report.errors, report.errors
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_tears_everything_down(docker_client: Any, worker_image: str, sig: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "READY", f"the helper did not start its cluster: {line}"
+        run_id = line[1]
+        proc.send_signal(sig)
+        code = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert code != 0
+    assert leftovers(docker_client, run_id) == {}
+
+
 _HOLD = """
-import sys, time
+import signal, sys, time
 from harness.cluster import ClusterSpec
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
 from harness.cluster.backend import open_cluster
 with open_cluster(ClusterSpec(workers=2, memory="256m", preload=(), engine="swarm")) as cluster:
     print("READY", cluster.run_id, flush=True)
