@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,8 +37,16 @@ HOST_PACKAGES = ("pyroute2", "PyYAML", "docker", "requests", "urllib3", "certifi
 def _prepare(context: Path) -> None:
     debs = context / "debs"
     debs.mkdir()
+    download = ["apt-get", "download", "-q", *DEBS]
     try:
-        subprocess.run(["apt-get", "download", "-q", *DEBS], cwd=debs, check=True, capture_output=True, timeout=300)
+        try:
+            subprocess.run(download, cwd=debs, check=True, capture_output=True, timeout=300)
+        except subprocess.CalledProcessError:
+            # a fresh machine may have no package lists yet (as root, fetch them once and retry)
+            if os.geteuid() != 0:
+                raise
+            subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, timeout=600)
+            subprocess.run(download, cwd=debs, check=True, capture_output=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         raise ImageError(f"downloading {', '.join(DEBS)} with apt-get failed: {exc} "
