@@ -17,7 +17,10 @@ CPUs fell behind (echoes queued for hundreds of ms, socket buffers overflowed), 
 loss, partition and phase checks; so the guest probes at :data:`GUEST_RATE_PPS` (same counts,
 longer probes) from real-time agents (:mod:`tests.netem_vm.nscluster`). TCG's own stalls (the
 guest's clock is the host's, and QEMU is descheduled whenever the host is busy) still make most
-millisecond delay checks answer "too busy" on a loaded host: they skip, never pass.
+millisecond delay checks answer "too busy" on a loaded host: they skip, never pass. The guest's
+``mixed`` and ``phase_run`` fixtures are the suite's plus one rule: while even the least stalled try
+had more than MAX_STALL_FRACTION of a link's packets stalled, their tests skip as too busy (a guest
+that far behind loses echoes in its own buffers); the partition test is retried under the canary.
 """
 
 from __future__ import annotations
@@ -31,14 +34,14 @@ import pytest
 from harness.calibration import plan as calibration_plan
 from harness.calibration import runner as calibration_runner
 from harness.calibration.judge import Baseline, stalled_fraction
-from harness.calibration.observations import UdpObservation
-from harness.calibration.probing import run_udp
+from harness.calibration.observations import Sample, UdpObservation, raw_samples
+from harness.calibration.probing import finish_udp, run_udp, start_udp
+from harness.calibration.runner import STALL_TRIES
 from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome
 from harness.shaping import Shaper, open_shaper, state_at
 from tests.integration import test_shaping_conformance as suite
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
     baseline,
-    phase_run,
     rates,
     test_a_per_pair_setting_changes_only_that_pair,
     test_a_phase_takes_effect_within_100_ms,
@@ -102,6 +105,33 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
                     f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
     return obs
+
+
+@pytest.fixture(scope="module")
+def phase_run(cluster: NamespaceCluster,
+              shaper: Shaper) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
+    """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
+    profile, tries and choice of the least stalled); its tests skip as too busy, as :func:`mixed`'s do,
+    while even that try had more than MAX_STALL_FRACTION of a link's packets stalled (a guest 1.4 s
+    behind lost packets across the change and had none in the half second before it)."""
+    before = state_at(suite.PHASED, suite.N, 0.0)
+    tries = []
+    for _ in range(STALL_TRIES):
+        shaper.apply(before)
+        run = start_udp(cluster, suite.EVERY, count=int(2.5 * suite.RATE_PPS),  # type: ignore[arg-type]
+                        rate_pps=suite.RATE_PPS, wait_s=0.5)
+        due = suite._apply_at(shaper, suite.PHASED, suite.PHASE_AT_S, run.start_wall)
+        obs, results = finish_udp(run, suite.EVERY)
+        shaper.check()
+        tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
+        if stalled_fraction(before, obs) <= MAX_STALL_FRACTION:
+            break
+    best = min(tries, key=lambda t: stalled_fraction(before, t[0]))
+    stalled = stalled_fraction(before, best[0])
+    if stalled > MAX_STALL_FRACTION:
+        pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
+                    f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
+    return best
 
 
 def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shaper: Shaper) -> None:
