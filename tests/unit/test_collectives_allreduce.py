@@ -32,6 +32,7 @@ from protocols.collectives import (
 )
 from protocols.collectives.schedule import FoldPlan
 from protocols.transport import Transport, tcp_mesh
+from tests.timing import retrying
 
 EPS32 = torch.finfo(torch.float32).eps
 HEADER_AND_DESCRIPTOR = 48 + 16  # bytes per 1-d tensor message on the wire besides the data
@@ -227,8 +228,11 @@ def test_latency_term_matches_the_cost_model(variant: str, chain: int, model: in
         await fn(t, x, round=0, chunk_bytes=1024, **extra)  # several chunks per step: they must travel together
         return time.perf_counter() - start
 
-    elapsed = max(run_inproc(5, timed, latency=alpha))
-    assert chain * alpha <= elapsed <= TIMING_TOLERANCE * model * alpha, f"{variant}: {elapsed:.3f} s"
+    def measure() -> None:
+        elapsed = max(run_inproc(5, timed, latency=alpha))
+        assert chain * alpha <= elapsed <= TIMING_TOLERANCE * model * alpha, f"{variant}: {elapsed:.3f} s"
+
+    retrying(measure, f"{variant}'s latency term")  # a host stall delays every hop: judged only on a clean attempt
 
 
 def test_ring_chunks_pipeline_across_steps() -> None:
@@ -246,7 +250,11 @@ def test_ring_chunks_pipeline_across_steps() -> None:
         await ring_allreduce(t, x, round=0, chunk_bytes=8192)
         return time.perf_counter() - start
 
-    elapsed = max(run_inproc(n, timed, latency=lambda s, d, nbytes: alpha + nbytes / bandwidth))
     pipelined = 2 * (n - 1) * (alpha + 8192 / bandwidth)
     unchunked = 2 * (n - 1) * (alpha + 65536 / bandwidth)
-    assert pipelined <= elapsed <= TIMING_TOLERANCE * pipelined < unchunked, f"{elapsed:.3f} s"
+
+    def measure() -> None:
+        elapsed = max(run_inproc(n, timed, latency=lambda s, d, nbytes: alpha + nbytes / bandwidth))
+        assert pipelined <= elapsed <= TIMING_TOLERANCE * pipelined < unchunked, f"{elapsed:.3f} s"
+
+    retrying(measure, "the ring's pipelining")
