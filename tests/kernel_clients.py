@@ -8,7 +8,8 @@ user's first sanity check gives the answer the profile promises:
   within ``max(0.5 ms, 5 %)``. The mean is taken without host stalls (samples more than
   ``STALL_FLOOR_US`` from the median), as the calibration's delay check does; when more than
   ``MAX_STALL_FRACTION`` of them are stalls the verdict is "unknown: host too busy".
-* ``iperf3`` TCP goodput and UDP received rate within 7 % of the link's rate.
+* ``iperf3`` TCP and UDP: the wire rate of what arrived (payload plus headers) within 7 % of the
+  link's rate.
 
 Parsing and judging are pure (table-tested in ``tests/unit/test_nfq_kernel_clients.py``); running
 needs root, ``nsenter``, ``ping`` and ``iperf3``. :func:`require_tools` installs the two tools with
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from harness.calibration.expected import FRAME_OVERHEAD_BYTES
 from harness.calibration.stats import without_stalls
 from harness.calibration.verdicts import MAX_STALL_FRACTION, STALL_FLOOR_US
 
@@ -35,6 +37,8 @@ PING_ABS_US = 500.0  # RTT within max(0.5 ms, 5 %) of both directions' delays
 PING_REL = 0.05
 RATE_REL = 0.07  # iperf3 rate within 7 % of the link's rate
 IPERF_PORT = 5201
+UDP_FRAME_OVERHEAD_BYTES = 42  # Ethernet 14 + IPv4 20 + UDP 8
+DEFAULT_MSS = 1448  # when a TCP report does not say
 TOOLS = {"ping": "iputils-ping", "iperf3": "iperf3", "nsenter": "util-linux"}
 _TIME = re.compile(r"\bicmp_seq=(\d+)\b.*\btime=([0-9.]+) ms")
 
@@ -75,32 +79,53 @@ def judge_ping(link: tuple[int, int], rtts_us: list[float], expected_us: float, 
     return Row(link, "ping_rtt", "passed" if abs(kept.mean - want) <= tol else "failed", told)
 
 
-def parse_iperf3(text: str) -> tuple[float, str | None]:
-    """(rate the receiver got in bit/s, the error iperf3 reported or None) from ``iperf3 -J`` output.
+@dataclass(frozen=True)
+class IperfResult:
+    """What one ``iperf3`` run delivered, at the receiver."""
 
-    ``end.sum_received.bits_per_second``: payload bytes that arrived at the server over the test's
-    interval, for TCP and for UDP alike (datagrams dropped at the rate limit do not count).
+    goodput_bps: float  # payload bits per second that arrived
+    wire_bps: float  # the frame rate on the wire that carried them (what a link's rate limits)
+    error: str | None = None  # what iperf3 reported instead, if it failed
+
+
+def parse_iperf3(text: str) -> IperfResult:
+    """The receiver's rate from ``iperf3 -J`` output.
+
+    ``end.sum_received.bits_per_second`` is the payload that arrived over the test's interval, for
+    TCP and UDP alike (datagrams dropped at the rate limit do not count). On the wire each segment
+    also carried its headers: TCP ``FRAME_OVERHEAD_BYTES`` per ``start.tcp_mss_default`` bytes,
+    UDP Ethernet + IPv4 + UDP (42 bytes) per ``start.test_start.blksize`` bytes.
     """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
-        return 0.0, f"not JSON: {text[-300:]!r}"
+        return IperfResult(0.0, 0.0, f"not JSON: {text[-300:]!r}")
     if not isinstance(doc, dict):
-        return 0.0, f"not an iperf3 report: {text[-300:]!r}"
+        return IperfResult(0.0, 0.0, f"not an iperf3 report: {text[-300:]!r}")
     if doc.get("error"):
-        return 0.0, str(doc["error"])
+        return IperfResult(0.0, 0.0, str(doc["error"]))
     received = doc.get("end", {}).get("sum_received")
     if not isinstance(received, dict) or "bits_per_second" not in received:
-        return 0.0, "no end.sum_received in the report"
-    return float(received["bits_per_second"]), None
+        return IperfResult(0.0, 0.0, "no end.sum_received in the report")
+    goodput = float(received["bits_per_second"])
+    start = doc.get("start", {})
+    if start.get("test_start", {}).get("protocol") == "UDP":
+        size = int(start["test_start"].get("blksize") or 0)
+        overhead = UDP_FRAME_OVERHEAD_BYTES
+    else:
+        size, overhead = int(start.get("tcp_mss_default") or DEFAULT_MSS), FRAME_OVERHEAD_BYTES
+    if size <= 0:
+        return IperfResult(goodput, 0.0, "no segment size in the report")
+    return IperfResult(goodput, goodput * (size + overhead) / size)
 
 
-def judge_rate(link: tuple[int, int], metric: str, got_bps: float, rate_bps: float, error: str | None) -> Row:
-    """A rate iperf3 measured against the link's rate, within :data:`RATE_REL`."""
-    if error:
-        return Row(link, metric, "failed", f"iperf3: {error}")
-    told = f"{metric} {got_bps / 1e6:.2f} Mbit/s, link rate {rate_bps / 1e6:g} Mbit/s +- {RATE_REL:.0%}"
-    ok = abs(got_bps - rate_bps) <= RATE_REL * rate_bps
+def judge_rate(link: tuple[int, int], metric: str, got: IperfResult, rate_bps: float) -> Row:
+    """The wire rate iperf3's transfer took against the link's rate, within :data:`RATE_REL`."""
+    if got.error:
+        return Row(link, metric, "failed", f"iperf3: {got.error}")
+    told = (f"{metric} {got.wire_bps / 1e6:.2f} Mbit/s on the wire ({got.goodput_bps / 1e6:.2f} Mbit/s payload), "
+            f"link rate {rate_bps / 1e6:g} Mbit/s +- {RATE_REL:.0%}")
+    ok = abs(got.wire_bps - rate_bps) <= RATE_REL * rate_bps
     return Row(link, metric, "passed" if ok else "failed", told)
 
 
@@ -157,20 +182,20 @@ def iperf3_server(netns: str, port: int = IPERF_PORT) -> Iterator[None]:
 
 
 def iperf3(netns: str, address: str, *, seconds: float, udp_bps: float | None = None,
-           port: int = IPERF_PORT) -> tuple[float, str | None]:
-    """One ``iperf3`` client run from ``netns``: (receiver's rate in bit/s, error or None).
+           port: int = IPERF_PORT) -> IperfResult:
+    """One ``iperf3`` client run from ``netns``: what the receiver got.
 
     ``udp_bps``: UDP offered at that rate (1400-byte datagrams), else TCP.
     """
     argv = ["iperf3", "-c", address, "-p", str(port), "-t", f"{seconds:g}", "-J"]
     if udp_bps is not None:
         argv += ["-u", "-b", f"{int(udp_bps)}", "-l", "1400"]
-    out: tuple[float, str | None] = (0.0, "not run")
+    out = IperfResult(0.0, 0.0, "not run")
     for _ in range(3):  # the server may not listen yet
         proc = subprocess.run(in_netns(netns, argv), capture_output=True, text=True, timeout=seconds + 30,
                               check=False)
         out = parse_iperf3(proc.stdout or proc.stderr)
-        if out[1] is None or "refused" not in out[1]:
+        if out.error is None or "refused" not in out.error:
             return out
         time.sleep(0.5)
     return out

@@ -54,28 +54,43 @@ def test_judge_ping_fails_when_most_pings_went_unanswered() -> None:
     assert row.verdict == "failed" and "10 of 150" in row.why
 
 
-def _report(bps: float) -> str:
-    return json.dumps({"start": {"test_start": {"protocol": "TCP"}}, "end": {
+def _report(bps: float, *, udp: bool = False) -> str:
+    start = ({"test_start": {"protocol": "UDP", "blksize": 1400}} if udp
+             else {"tcp_mss_default": 1448, "test_start": {"protocol": "TCP", "blksize": 131072}})
+    return json.dumps({"start": start, "end": {
         "sum_sent": {"bits_per_second": bps * 1.01}, "sum_received": {"bits_per_second": bps}}})
 
 
-def test_parse_iperf3() -> None:
-    assert kc.parse_iperf3(_report(19.1e6)) == (19.1e6, None)
-    assert kc.parse_iperf3(json.dumps({"error": "unable to connect to server: Connection refused"})) == (
-        0.0, "unable to connect to server: Connection refused")
-    assert kc.parse_iperf3("iperf3: error")[1] is not None
-    assert kc.parse_iperf3(json.dumps({"end": {}}))[1] == "no end.sum_received in the report"
-    assert kc.parse_iperf3("[]")[1] is not None
+def test_parse_iperf3_counts_the_headers_on_the_wire() -> None:
+    tcp = kc.parse_iperf3(_report(19.1e6))
+    assert tcp.error is None and tcp.goodput_bps == 19.1e6
+    assert tcp.wire_bps == pytest.approx(19.1e6 * (1448 + 66) / 1448)
+    udp = kc.parse_iperf3(_report(19.0e6, udp=True))
+    assert udp.wire_bps == pytest.approx(19.0e6 * 1442 / 1400)
 
 
-@pytest.mark.parametrize("got, verdict", [(19.0e6, "passed"), (18.7e6, "passed"), (18.5e6, "failed"),
-                                          (21.3e6, "passed"), (21.5e6, "failed")])
-def test_judge_rate_within_7_percent(got: float, verdict: str) -> None:
-    assert kc.judge_rate((1, 2), "iperf3_tcp", got, 20e6, None).verdict == verdict
+@pytest.mark.parametrize("text, error", [
+    (json.dumps({"error": "unable to connect to server: Connection refused"}),
+     "unable to connect to server: Connection refused"),
+    (json.dumps({"end": {}}), "no end.sum_received in the report"),
+    (json.dumps({"start": {"test_start": {"protocol": "UDP"}}, "end": {"sum_received": {"bits_per_second": 1.0}}}),
+     "no segment size in the report"),
+])
+def test_parse_iperf3_reports_what_went_wrong(text: str, error: str) -> None:
+    assert kc.parse_iperf3(text).error == error
+    for junk in ("iperf3: error", "[]"):
+        assert kc.parse_iperf3(junk).error is not None
+
+
+@pytest.mark.parametrize("wire, verdict", [(19.7e6, "passed"), (18.7e6, "passed"), (18.5e6, "failed"),
+                                           (21.3e6, "passed"), (21.5e6, "failed")])
+def test_judge_rate_within_7_percent_on_the_wire(wire: float, verdict: str) -> None:
+    got = kc.IperfResult(wire * 0.956, wire)
+    assert kc.judge_rate((1, 2), "iperf3_tcp", got, 20e6).verdict == verdict
 
 
 def test_judge_rate_fails_on_an_iperf3_error() -> None:
-    row = kc.judge_rate((1, 2), "iperf3_udp", 20e6, 20e6, "server busy")
+    row = kc.judge_rate((1, 2), "iperf3_udp", kc.IperfResult(20e6, 20e6, "server busy"), 20e6)
     assert row.verdict == "failed" and "server busy" in row.why
 
 
