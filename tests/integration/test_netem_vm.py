@@ -103,8 +103,8 @@ def _exclusive(path: str, *, wait_s: float | None) -> Iterator[bool]:
 def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Name: guest. Scope: module. Boots the VM once; the guest's outcome per test id (progress.jsonl)."""
     if os.environ.get("SQUALL_NETEM_VM") != "1":
-        pytest.skip("the netem VM runs with SQUALL_NETEM_VM=1 (make test-netem): not yet part of make test, whose "
-                    "time budget its 8-12 min on a 2-core host would exceed")
+        pytest.skip("the netem VM runs with SQUALL_NETEM_VM=1 (make test-netem): not yet part of make test, because "
+                    "no full 8-12 min run under QEMU TCG has passed on a busy 2-core host yet")
     if os.geteuid() != 0:
         _unable("needs root (QEMU packages from apt, namespaces, tc in the guest)")
     out = tmp_path_factory.mktemp("netem-vm")
