@@ -53,8 +53,9 @@ def plot_heatmap(c: Comparison, target: str) -> str | None:
             elif secs is None:
                 text = "not reached"
             else:
-                text = f"{secs:.1f} s\n{ratio:.2f}x" if ratio is not None else f"{secs:.1f} s"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8)
+                shown = f"{secs:.2f} s" if secs < 10 else f"{secs:.1f} s"
+                text = f"{shown}\n{ratio:.2f}x" if ratio is not None else shown
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color=_ink(image, values[i][j]))
     ax.set_xticks(range(len(c.profiles)), c.profiles)
     ax.set_yticks(range(len(c.protocols)), c.protocols)
     ax.set_title(f"time to {target} (ratio to the best of each profile)", fontsize=10)
@@ -63,6 +64,14 @@ def plot_heatmap(c: Comparison, target: str) -> str | None:
     bar.set_ticks(ticks, labels=[f"{2 ** t:g}x" for t in ticks])
     fig.tight_layout()
     return png(fig)
+
+
+def _ink(image: Any, value: float) -> str:
+    """Black or white, whichever reads better on the heatmap cell coloured for ``value``."""
+    if math.isnan(value):
+        return "black"
+    r, g, b, _ = image.cmap(image.norm(value))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
 def _median_by_step(trace: RunTrace) -> tuple[list[float], list[float]]:
