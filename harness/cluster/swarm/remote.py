@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from harness.cluster.agent_client import AgentRequests
 from harness.cluster.errors import ClusterError, JobError
 from harness.cluster.swarm import wire
 from harness.shaping.base import Endpoint, LinkState, ShapingError
@@ -59,8 +60,10 @@ class NodeLink:
         return best[1]
 
 
-class RelayAgentClient:
+class RelayAgentClient(AgentRequests):
     """A worker's job agent, reached through the node agent (same interface as ``AgentClient``)."""
+
+    ready_poll_s = 0.1  # each ping crosses the node agent
 
     def __init__(self, link: NodeLink, slot: int) -> None:
         self.link = link
@@ -77,29 +80,6 @@ class RelayAgentClient:
             raise JobError(f"worker slot {self.slot} on {self.link.node} did not answer {obj.get('cmd')!r}: "
                            f"{answer.get('error')}")
         return inner
-
-    def checked(self, obj: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
-        """Like :meth:`request`, raising :class:`JobError` when the answer is not ``ok``."""
-        answer = self.request(obj, timeout=timeout)
-        if not answer.get("ok"):
-            raise JobError(f"agent refused {obj.get('cmd')!r}: {answer.get('error')}")
-        return answer
-
-    def ping(self, timeout: float = 2.0) -> dict[str, Any] | None:
-        """The job agent's ping answer, or None when it does not answer (yet)."""
-        try:
-            return self.checked({"cmd": "ping"}, timeout=timeout)
-        except (JobError, ValueError):
-            return None
-
-    def wait_ready(self, deadline: float) -> dict[str, Any] | None:
-        """Poll until the job agent answers or ``deadline`` (time.monotonic) passes."""
-        while time.monotonic() < deadline:
-            answer = self.ping()
-            if answer is not None:
-                return answer
-            time.sleep(0.1)
-        return None
 
 
 @dataclass(frozen=True)
