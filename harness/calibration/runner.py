@@ -26,7 +26,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from harness import shaping
 from harness.calibration.expected import link_rate_bps, wire_bps
@@ -43,6 +44,7 @@ from harness.profiles.settings import calm
 from harness.shaping.base import BACKENDS, LinkState, Shaper, ShapingError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MEMORY = "256m"  # per container: the probes need a few MB, no torch is loaded
 STALL_TRIES = 3  # shaped UDP probes at most, while the host stalls too many packets to judge a delay
@@ -111,37 +113,41 @@ class _Run:
         """The unshaped probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled more
         than :data:`JITTER_STALL_FRACTION` of some link's packets, keeping the least stalled (every delay
         and s.d. is corrected by it, so a stalled baseline would spoil every row)."""
-        best: Baseline | None = None
-        for attempt in range(1, STALL_TRIES + 1):
+
+        def probe() -> tuple[Baseline, float]:
             obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
                              rate_pps=self.plan.udp_rate_pps, wait_s=0.5)
             self.notes += [f"baseline: {p}" for p in obs.problems]
             base = Baseline.from_udp(obs)
-            if best is None or base.stalled < best.stalled:
-                best = base
-            if base.stalled <= JITTER_STALL_FRACTION:
-                break
-            self.notes.append(f"baseline probe {attempt}: the host stalled {100 * base.stalled:.1f} % of one "
-                              f"link's packets (more than {100 * JITTER_STALL_FRACTION:g} %)" +
-                              ("; probing again" if attempt < STALL_TRIES else ""))
-        assert best is not None
-        return best
+            return base, base.stalled
+
+        return self._least_stalled(probe, "baseline probe")
 
     def _udp_judgeable(self) -> UdpObservation:
         """The shaped UDP probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled
         too many packets of some link to judge its delay and jitter (a busy moment passes; a wrong link does
         not turn into stalls), keeping the probe with the fewest."""
-        best: UdpObservation | None = None
-        best_stalled = math.inf
-        for attempt in range(1, STALL_TRIES + 1):
+
+        def probe() -> tuple[UdpObservation, float]:
             udp, _ = run_udp(self.cluster, self.plan.links, count=self.plan.udp_count,
                              rate_pps=self.plan.udp_rate_pps, wait_s=self.plan.udp_wait_s)
-            stalled = stalled_fraction(self.state, udp)
+            return udp, stalled_fraction(self.state, udp)
+
+        return self._least_stalled(probe, "UDP probe")
+
+    def _least_stalled(self, probe: Callable[[], tuple[T, float]], what: str) -> T:
+        """``probe()`` (a result and the largest fraction of one link's packets the host stalled) up to
+        :data:`STALL_TRIES` times, until the fraction is at most :data:`JITTER_STALL_FRACTION`; the least
+        stalled result, with a note for each probe that was too stalled."""
+        best: T | None = None
+        best_stalled = math.inf
+        for attempt in range(1, STALL_TRIES + 1):
+            result, stalled = probe()
             if stalled < best_stalled:
-                best, best_stalled = udp, stalled
+                best, best_stalled = result, stalled
             if stalled <= JITTER_STALL_FRACTION:
                 break
-            self.notes.append(f"UDP probe {attempt}: the host stalled {100 * stalled:.1f} % of one link's packets "
+            self.notes.append(f"{what} {attempt}: the host stalled {100 * stalled:.1f} % of one link's packets "
                               f"(more than {100 * JITTER_STALL_FRACTION:g} %)" +
                               ("; probing again" if attempt < STALL_TRIES else ""))
         assert best is not None
