@@ -3,7 +3,7 @@
 Each feature is asked of the kernel the way Squall would use it. Link kinds (veth, IFB, VXLAN,
 TUN), qdiscs (HTB, TBF, ingress), the u32 classifier and the iptables matches and targets
 (``statistic``, ``NFQUEUE``) are *created* in a brand-new unnamed network namespace entered by one
-thread (the technique of :mod:`.probe`): nothing is named in ``/var/run/netns``, and whatever was
+thread (:func:`.probe.in_scratch_namespace`): nothing is named in ``/var/run/netns``, and whatever was
 made there disappears with the namespace when the thread goes home, even after an error. Only what
 cannot be made without changing the host is *read*: ``br_netfilter`` (its sysctls under
 ``/proc/sys/net/bridge``), IPVS (``/proc/net/ip_vs``) and the NFQUEUE netlink family
@@ -16,24 +16,20 @@ result; nothing else depends on it.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import logging
 import os
 import struct
 import subprocess
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from harness.shaping.nfqueue.netns import CLONE_NEWNET
-from harness.shaping.probe import netem_probe
+from harness.shaping.probe import in_scratch_namespace, netem_probe
 
 logger = logging.getLogger(__name__)
-_libc = ctypes.CDLL(None, use_errno=True)
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
@@ -75,11 +71,8 @@ def kernel_features() -> list[Feature]:
     netem = netem_probe()
     found["sch_netem"] = _feature("sch_netem", netem.available, "created", netem.reason)
     found.update({f.name: f for f in _read_features()})
-    box: list[list[Feature]] = []
-    thread = threading.Thread(target=lambda: box.append(_in_scratch_namespace()), name="squall-feature-probe")
-    thread.start()
-    thread.join()
-    for f in box[0] if box else []:
+    created = in_scratch_namespace(_create_checks, _none_created, name="squall-feature-probe") or []
+    for f in created:
         seen = found.get(f.name)  # nfqueue: the rule was created here, its netlink side read above
         found[f.name] = f if seen is None else Feature(
             f.name, f.available and seen.available, f"{f.how}+{seen.how}", f"{f.detail}; {seen.detail}", f.used_for)
@@ -105,20 +98,9 @@ def _read_features(proc: Path = Path("/proc")) -> list[Feature]:
     ]
 
 
-def _in_scratch_namespace() -> list[Feature]:
-    """Runs on its own thread: a new unnamed namespace, every creation check, back home."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.unshare(CLONE_NEWNET) != 0:
-            why = f"cannot create a scratch network namespace: {os.strerror(ctypes.get_errno())}"
-            return [_feature(n, False, "created", why) for n in USES if n not in ("sch_netem", "br_netfilter", "ipvs")]
-        try:
-            return _create_checks()
-        finally:
-            if _libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - never refused
-                logger.error("feature probe: cannot return to the host namespace")
-    finally:
-        os.close(home)
+def _none_created(why: str) -> list[Feature]:
+    """Every created feature unknown-as-missing, when no scratch namespace can be made."""
+    return [_feature(n, False, "created", why) for n in USES if n not in ("sch_netem", "br_netfilter", "ipvs")]
 
 
 def _attempt(name: str, action: Callable[[], str]) -> Feature:

@@ -19,7 +19,9 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pyroute2 import IPRoute
 
@@ -29,6 +31,7 @@ from harness.shaping.tc import NETLINK_ROUTE, NetemSender
 
 logger = logging.getLogger(__name__)
 _libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,9 @@ class ProbeResult:
 @functools.cache
 def netem_probe() -> ProbeResult:
     """Try netem once per process (see the module docstring)."""
-    box: list[ProbeResult] = []
-    thread = threading.Thread(target=lambda: box.append(_probe_here()), name="squall-netem-probe")
-    thread.start()
-    thread.join()
-    result = box[0] if box else ProbeResult(False, "the probe thread died")
+    result = in_scratch_namespace(_try_netem, lambda why: ProbeResult(False, why), name="squall-netem-probe")
+    if result is None:
+        result = ProbeResult(False, "the probe thread died")
     logger.info("netem probe: %s (%s)", "available" if result.available else "unavailable", result.reason)
     return result
 
@@ -56,20 +57,33 @@ def netem_available() -> bool:
     return netem_probe().available
 
 
-def _probe_here() -> ProbeResult:
-    """Runs on its own thread: scratch namespace, veth, netem, back home."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.unshare(CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            return ProbeResult(False, f"cannot create a scratch network namespace: {os.strerror(err)}")
+def in_scratch_namespace(work: Callable[[], T], refused: Callable[[str], T], *, name: str) -> T | None:
+    r"""``work()`` on a thread of its own inside a brand-new, unnamed network namespace.
+
+    The thread ``unshare``\ s into the namespace, runs ``work`` and goes back home; the namespace
+    disappears with the thread's sockets, so nothing can be left behind. ``refused(why)`` is the
+    answer when no namespace can be made (not root, ...); None when the thread died.
+    """
+    box: list[T] = []
+
+    def run() -> None:
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return _try_netem()
+            if _libc.unshare(CLONE_NEWNET) != 0:
+                box.append(refused(f"cannot create a scratch network namespace: {os.strerror(ctypes.get_errno())}"))
+                return
+            try:
+                box.append(work())
+            finally:
+                if _libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - never refused
+                    logger.error("%s: cannot return to the host namespace", name)
         finally:
-            if _libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - never refused
-                logger.error("netem probe: cannot return to the host namespace")
-    finally:
-        os.close(home)
+            os.close(home)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    return box[0] if box else None
 
 
 def _try_netem() -> ProbeResult:
