@@ -168,14 +168,22 @@ def test_churn_kill_restart_pause_disconnect(docker_client: Any, worker_image: s
     assert leftovers(docker_client, run_id) == {}
 
 
-def test_gc_removes_what_a_killed_harness_left(docker_client: Any, worker_image: str) -> None:
+def _start_holder() -> tuple[subprocess.Popen[str], str]:
+    """A harness process (``_HOLD``) that starts a swarm cluster and holds it: the process and its run id."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if not line or line[0] != "READY":
+        proc.kill()
+        proc.wait(30)
+        raise AssertionError(f"the helper did not start its cluster: {line}")
+    return proc, line[1]
+
+
+def test_gc_removes_what_a_killed_harness_left(docker_client: Any, worker_image: str) -> None:
+    proc, run_id = _start_holder()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        assert line and line[0] == "READY", f"the helper did not start its cluster: {line}"
-        run_id = line[1]
         assert leftovers(docker_client, run_id).get("services"), "the helper's services are not there"
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -191,13 +199,8 @@ def test_gc_removes_what_a_killed_harness_left(docker_client: Any, worker_image:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_tears_everything_down(docker_client: Any, worker_image: str, sig: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    proc, run_id = _start_holder()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        assert line and line[0] == "READY", f"the helper did not start its cluster: {line}"
-        run_id = line[1]
         proc.send_signal(sig)
         code = proc.wait(90)
     finally:
