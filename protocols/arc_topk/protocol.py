@@ -7,7 +7,8 @@ from protocols.common.declaration import AlgorithmDeclaration, Declaration
 
 DECLARATIONS = (
     AlgorithmDeclaration(NAME, build_arc_topk,
-                         "ratio, rank, cols, shapes, seed, ef (none/ef14/ef21/ef21m), beta, dense_start, timeout"),
+                         "ratio, rank, cols, shapes, reshape (task/flat), seed, "
+                         "ef (none/ef14/ef21/ef21m), beta, dense_start, timeout"),
     Declaration(
         NAME,
         "synchronous SGD, ARC-Top-K: rank-4 shared sketch picks 5 % of rows, index-free ring all-reduce, EF21M",

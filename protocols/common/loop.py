@@ -102,6 +102,9 @@ async def train(
         logger.warning("rank %d: a time budget or target without a vote; ranks may stop at different steps", rank)
     vote = vote or local_vote
     x = task.init_params(config.seed) if params is None else params.detach().clone()
+    shapes = task.tensor_shapes
+    if shapes is not None:
+        algorithm.bind_tensors(shapes)
     run = _LockStep(task, algorithm, config, x, device=device, clock=clock)
     driver = Driver(task, StopRules.lockstep(config, vote), rank=rank, model=lambda: run.x, write=write,
                     traffic=traffic, stats=algorithm.stats, clock=clock)

@@ -16,6 +16,7 @@ from protocols.arc_topk.sgd import ArcConfig, arc_bytes_per_rank
 from protocols.catalog import lookup
 from protocols.collectives.lowbit import lowbit_bytes_per_rank
 from protocols.common.compress import TopK
+from protocols.common.tasks import make_task
 from protocols.lowbit.sgd import RING, TWO_STEP
 from protocols.randk.sgd import NAME as RANDK
 from protocols.topk.sgd import NAME as TOPK
@@ -52,7 +53,9 @@ def per_step(name: str, args: dict[str, Any], rank: int) -> int:
     if name == RANDK:
         return ring_bytes(int(args["ratio"] * D))
     if name == ARC:
-        return arc_bytes_per_rank(D, n, ArcConfig(ratio=args["ratio"], cols=args["cols"])) + 2 * 2 * (n - 1) * HEADER
+        # The paper's reshaping of the task's tensors (the default): w (10 x 64) sketched, b (10,) whole.
+        config = ArcConfig(ratio=args["ratio"], cols=args["cols"])
+        return arc_bytes_per_rank(D, n, config, make_task("logreg_digits").tensor_shapes) + 2 * 2 * (n - 1) * HEADER
     return lowbit_bytes_per_rank(D, n, int(args["bits"]), 128, rank, ring=name == RING)
 
 

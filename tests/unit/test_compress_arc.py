@@ -9,10 +9,15 @@ import torch
 
 from protocols.arc_topk.sgd import ArcConfig, arc_aggregate, arc_bytes_per_rank
 from protocols.arc_topk.synthetic import Shifted, contraction_trials, shifted_distance
+from protocols.catalog import make_algorithm
 from protocols.collectives import ring_allreduce, run_inproc
 from protocols.common.compress import TopK, arc
+from protocols.common.loop import LoopConfig
+from protocols.common.optim import LrSchedule
+from protocols.common.tasks import make_task
 from protocols.topk.sgd import TopKConfig, topk_aggregate
 from protocols.transport import Transport
+from tests.unit.test_common_loop import run_ranks
 
 WORKERS = 8
 ROWS, COLS, RANK = 64, 16, 4
@@ -117,3 +122,37 @@ def test_t6_2_arc_beats_local_top_k_tenfold_and_stays_within_10x_of_uncompressed
     assert distances["arc_topk"] <= 0.1 * distances["local_topk"], distances
     assert distances["arc_topk"] <= 10 * distances["uncompressed"], distances
     assert distances["local_topk"] > 0.05, distances  # local Top-K's error floor (PROTOCOLS.md: 0.059-0.140)
+
+
+@pytest.mark.parametrize("reshape", ["task", "flat"])
+def test_the_shared_loop_tells_arc_the_tasks_tensors_and_the_wire_carries_the_per_tensor_formula(reshape: str) -> None:
+    """``reshape: task`` (the default): logistic regression's ``w`` (10 x 64) is sketched as a matrix and its
+    bias ``b`` (10,) all-reduced whole; ``flat``: the 650 floats as one matrix of ``cols`` columns."""
+    task = make_task("logreg_digits")
+    assert task.tensor_shapes == ((10, 64), (10,))
+    n, steps, options = 4, 6, {"ratio": 0.2, "rank": 4, "cols": 10, "reshape": reshape, "dense_start": False}
+    config = LoopConfig(lr=LrSchedule(0.3), steps=steps, eval_every=steps)
+    results, _ = run_ranks(task, lambda t: make_algorithm("arc_topk", t, options=dict(options)), config, world=n,
+                           vote=False)
+    assert len({r.fingerprint.hash for r in results}) == 1  # every rank applied the same aggregate
+    arc_config = ArcConfig(ratio=0.2, rank=4, cols=10, reshape=reshape)
+    segments = arc.plan(task.dim, shapes=arc_config.tensors(task.tensor_shapes), cols=10)
+    if reshape == "task":
+        assert [(s.rows, s.cols) for s in segments] == [(10, 64), (10, 0)]
+        floats = (10 * 4 + 10) + (2 * 64 + 2)  # sketch: w's rows x rank, b whole; selected: 2 rows of w, 2 of b
+    else:
+        assert [(s.rows, s.cols) for s in segments] == [(65, 10)]
+        floats = 65 * 4 + 13 * 10
+    assert arc.sketch_numel(segments, 4) + arc.selected_numel(segments, 0.2) == floats
+    data = arc_bytes_per_rank(task.dim, n, arc_config, task.tensor_shapes)
+    assert data == 2 * (n - 1) * 4 * floats // n
+    headers = 2 * 2 * (n - 1) * HEADER  # two rings of 2(n-1) messages a step
+    slack = 2 * 2 * (n - 1) * 4  # segments of sizes n does not divide: a float more or less per message
+    for result in results:
+        per_step = result.traffic["bytes_sent"] / steps
+        assert abs(per_step - (data + headers)) <= slack, (result.traffic, data + headers)
+
+
+def test_an_unknown_reshape_is_refused_naming_the_key_and_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"reshape = 'rows' must be one of task, flat"):
+        ArcConfig(reshape="rows")

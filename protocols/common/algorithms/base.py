@@ -22,6 +22,8 @@ import torch
 
 from protocols.common.optim import Sgd
 
+#: The shapes of the tensors packed one after another in a flat parameter vector, in order.
+Shapes = tuple[tuple[int, ...], ...]
 #: ``async (tensor, round) -> mean of tensor over all ranks``; every rank calls it with the same round.
 Reducer = Callable[[torch.Tensor, int], Awaitable[torch.Tensor]]
 #: ``async (x, round) -> this rank's row of W(round) applied to everyone's x``.
@@ -53,6 +55,14 @@ class Algorithm(ABC):
     def stats(self) -> dict[str, float]:
         """Extra per-step fields for the metrics records (e.g. a push-sum weight)."""
         return {}
+
+    def bind_tensors(self, shapes: Shapes) -> None:
+        """Told once, before the first step, which tensors the flat vector packs (the task's, in order).
+
+        Most algorithms treat the vector as one; a compressor that works per tensor (ARC-Top-K's
+        per-matrix sketch) keeps them. By default this does nothing.
+        """
+        return None
 
 
 class LocalOnly(Algorithm):

@@ -57,6 +57,11 @@ class Task(ABC):
     def batches(self, rank: int, world: int, seed: int, batch_size: int) -> Iterator[Batch]:
         """An endless stream of minibatches from ``rank``'s shard of the training data."""
 
+    @property
+    def tensor_shapes(self) -> tuple[tuple[int, ...], ...] | None:
+        """The model's tensors packed in the flat vector, in order; None when it is one vector."""
+        return None
+
 
 @dataclass(frozen=True)
 class ParamLayout:
@@ -107,6 +112,10 @@ class SupervisedTask(Task):
     @property
     def dim(self) -> int:
         return self.layout.size
+
+    @property
+    def tensor_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(shape for _, shape in self.layout.shapes)
 
     @property
     def train_size(self) -> int:
