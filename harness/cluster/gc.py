@@ -1,8 +1,9 @@
 """``squall gc``: remove what runs that are gone left behind.
 
 That is: containers, networks and (swarm engine) services and secrets labelled ``squall.run``
-(with them go Docker's host iptables rules and bridge of the network), the run's state directory,
-and what its shaper keeps on the host (the nfqueue delay daemon and its work directory,
+(with them go Docker's host iptables rules and bridge of the network), the manager's entries of
+emulated swarm nodes (:mod:`harness.cluster.swarm.dind`; their containers are among the above),
+the run's state directory, and what its shaper keeps on the host (the nfqueue delay daemon and its work directory,
 :mod:`harness.shaping.leftovers`). The daemons are stopped first: their sockets would keep the
 dead containers' network namespaces alive. A swarm Squall initialised is left once no live run
 uses it (:mod:`harness.cluster.swarm.membership`). Everything is judged by run id and owner (pid
@@ -46,6 +47,7 @@ class GcReport:
     removed_workdirs: list[str] = field(default_factory=list)  # nfqueue work directories
     removed_services: list[str] = field(default_factory=list)  # swarm services (workers, node agents)
     removed_secrets: list[str] = field(default_factory=list)  # swarm secrets (the agents' tokens)
+    removed_swarm_nodes: list[str] = field(default_factory=list)  # manager entries of emulated (DinD) nodes
     left_swarm: bool = False  # the swarm Squall had initialised was left (no live run used it)
     errors: list[str] = field(default_factory=list)  # what could not be removed, with why
 
@@ -89,6 +91,7 @@ def collect(client: Any, *, everything: bool = False, dry_run: bool = False) -> 
         if _labels(sec).get(LABEL_RUN) in dead:
             _remove(report, "secret", sec.name, dry_run, sec.remove)
             report.removed_secrets.append(sec.name)
+    _swarm_node_entries(client, report, live=live, dry_run=dry_run)
     if not dry_run:
         _leave_swarm(client, report, everything=everything)
     for run in sorted(dead):
@@ -194,6 +197,29 @@ def _swarm_objects(collection: Any) -> list[Any]:
         return list(collection.list(filters={"label": LABEL_RUN}))
     except ENGINE_ERRORS:  # "This node is not a swarm manager": nothing of the kind can exist here
         return []
+
+
+def _swarm_node_entries(client: Any, report: GcReport, *, live: set[str], dry_run: bool) -> None:
+    """The manager's entries of emulated swarm nodes (:mod:`harness.cluster.swarm.dind`) of runs not alive.
+
+    Their containers went above, with the other containers of dead runs; a run whose containers
+    are already gone is judged dead here too (an entry outlives its node only when a run died).
+    """
+    from harness.cluster.swarm import dind
+
+    try:
+        runs = dind.node_runs(client)
+    except ENGINE_ERRORS as exc:
+        report.errors.append(f"listing the swarm's nodes: {exc}")
+        return
+    for node_id, run in runs.items():
+        if run in live:
+            continue
+        report.removed_swarm_nodes.append(node_id)
+    if dry_run:
+        return
+    for run in sorted({r for r in runs.values() if r not in live}):
+        report.errors += dind.remove_swarm_entries(client, run)
 
 
 def _leave_swarm(client: Any, report: GcReport, *, everything: bool) -> None:

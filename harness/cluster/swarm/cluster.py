@@ -154,6 +154,10 @@ class SwarmCluster(Cluster):
         #: copy job outputs through the agents: None = for workers on other machines only; True = for
         #: all (a one-node test of the path a multi-machine run takes)
         self.mirror: bool | None = None
+        #: where the workers may run: Swarm placement constraints (e.g. ``node.labels.squall.role==dind-node``)
+        #: and at most this many per node (None: no limit), set before :meth:`start`
+        self.constraints: tuple[str, ...] = ()
+        self.max_per_node: int | None = None
 
     # -- creation ---------------------------------------------------------------------------------
     def start(self) -> SwarmCluster:
@@ -300,6 +304,7 @@ class SwarmCluster(Cluster):
             resources=Resources(cpu_limit=int(self.spec.cpus * 1e9), mem_limit=self.spec.memory_bytes),
             restart_policy=RestartPolicy(condition="none"), endpoint_spec=EndpointSpec(mode="dnsrr"),
             labels=self._labels("workers"), container_labels=self._labels("workers"),
+            constraints=list(self.constraints) or None, maxreplicas=self.max_per_node,
         )
         self._service_ids.append(service.id)
 

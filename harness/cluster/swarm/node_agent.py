@@ -48,7 +48,9 @@ from docker import errors as docker_errors
 from harness.cluster.agent_client import AgentClient
 from harness.cluster.errors import JobError
 from harness.cluster.swarm import wire
-from harness.shaping.base import Endpoint, Shaper, ShapingError
+from harness.shaping.base import Endpoint, LinkState, Shaper, ShapingError
+from harness.shaping.nfqueue.hold import ELSEWHERE_PREFIX, elsewhere
+from harness.shaping.nfqueue_backend import NfqueueShaper
 
 logger = logging.getLogger("squall.node_agent")
 
@@ -113,7 +115,8 @@ class Agent:
         self.node = socket.gethostname()
         self.shaper: Shaper | None = None
         self.lock = threading.RLock()
-        self._placeholder = tempfile.NamedTemporaryFile(prefix="squall-remote-ns-")  # noqa: SIM115
+        # the stand-in namespace of endpoints on other nodes (the nfqueue hold skips it by its name)
+        self._placeholder = tempfile.NamedTemporaryFile(prefix=ELSEWHERE_PREFIX)  # noqa: SIM115
 
     # -- workers ----------------------------------------------------------------------------------
     def workers(self) -> list[dict[str, Any]]:
@@ -231,8 +234,12 @@ class Agent:
                 mine.append(Endpoint(int(e["index"]), str(e["address"]), netns))
                 if not here:
                     others.append(int(e["index"]))
-            shaper = open_shaper(mine, run_id=self.config.run_id, backend=backend)
-            _not_here(shaper, others)
+            if len(others) == len(mine):  # no worker of the run here: nothing to shape on this node
+                shaper: Shaper = IdleShaper(backend or _default_backend())
+            else:
+                shaper = open_shaper(mine, run_id=self.config.run_id, backend=backend)
+                _not_here(shaper, others)
+                _hold_only(shaper, {ep.address for ep in mine if ep.index not in others})
             self.shaper = shaper
             logger.info("shaper %s open: %d endpoints here, %d elsewhere", shaper.backend, len(mine) - len(others),
                         len(others))
@@ -262,9 +269,16 @@ class Agent:
                 cid = request.get("container_id")
                 here = bool(cid) and request.get("node") == self.node
                 netns = self.netns_of(str(cid)) if here else self._placeholder.name
-                shaper.replace_endpoint(Endpoint(int(request["index"]), str(request["address"]), netns))
-                if not here:
-                    _not_here(shaper, [int(request["index"])])
+                endpoint = Endpoint(int(request["index"]), str(request["address"]), netns)
+                hold = getattr(shaper, "_hold", None)
+                if here and hold is not None and hold.receivers is not None:
+                    hold.receivers = frozenset({*hold.receivers, endpoint.address})
+                if here or not isinstance(shaper, NfqueueShaper):
+                    shaper.replace_endpoint(endpoint)
+                    if not here:
+                        _not_here(shaper, [int(request["index"])])
+                else:
+                    _elsewhere_restarted(shaper, endpoint)
             else:
                 raise ValueError(f"unknown shaping command {cmd!r}")
 
@@ -326,6 +340,64 @@ def _not_here(shaper: Shaper, indices: list[int]) -> None:
         return
     for i in indices:
         applier._forget(applier.nodes[i])
+
+
+def _hold_only(shaper: Shaper, addresses: set[str]) -> None:
+    """Tell an nfqueue shaper's bridge hold which receivers are on this node (it holds only theirs).
+
+    A packet between nodes crosses the sender's node's bridge and then the receiver's: held on
+    both it would wait twice. The netem backend shapes in the sender's namespace and needs nothing.
+    """
+    hold = getattr(shaper, "_hold", None)
+    if hold is not None:
+        hold.receivers = frozenset(addresses)
+
+
+def _elsewhere_restarted(shaper: Shaper, endpoint: Endpoint) -> None:
+    """A worker on another node restarted: this node's nfqueue shaper needs only its (new) address.
+
+    Its node re-applies its namespace; here nothing changes while the address stays. A new address
+    would change the plan of this node's receivers, which the nfqueue shaper cannot take for an
+    endpoint it does not hold (it looks for its bridge): refused rather than left half-applied.
+    """
+    current = getattr(shaper, "_endpoints", {}).get(endpoint.index)
+    if current is not None and current.address == endpoint.address:
+        return
+    raise ShapingError(f"worker {endpoint.index} on another node came back with a new address {endpoint.address}; "
+                       "the nfqueue shaper on this node cannot re-plan for it (reopen the shaper)")
+
+
+def _default_backend() -> str:
+    from harness.shaping.probe import netem_probe
+
+    return "netem" if netem_probe().available else "nfqueue"
+
+
+class IdleShaper:
+    """The shaper of a node where none of the run's workers runs: every command is a no-op.
+
+    It reports the backend the other nodes use, so the harness's check that all nodes agree holds.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def apply(self, state: LinkState) -> None:
+        """Nothing lands on this node."""
+
+    def clear(self) -> None:
+        """Nothing to remove."""
+
+    def check(self) -> None:
+        """Nothing can have stopped."""
+
+    def replace_endpoint(self, endpoint: Endpoint) -> None:
+        """A worker on another node restarted: nothing here; one restarted here cannot be (it never ran here)."""
+        if not elsewhere(endpoint.netns):
+            raise ShapingError(f"worker {endpoint.index} now runs on this node, which opened no shaper: reopen it")
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -2,6 +2,9 @@
 
 * :func:`bridge_namespace` finds the namespace of the bridge the endpoints' veths are plugged into
   (the host's for Docker; another namespace for :class:`~harness.shaping.lan.BridgedLan`).
+  Endpoints on another machine (a swarm run: :func:`elsewhere`) are left out: only this machine's
+  bridge is looked for, and :attr:`HoldRules.receivers` keeps only the rules of this machine's
+  receivers, so a packet between machines waits once, on its receiver's machine.
 * :class:`HostLock` serialises, across processes, everything that changes a shared namespace:
   picking a queue block and binding it, adding or removing a run's chain, the bridge sysctl.
 * :class:`BridgeNetfilter` makes sure bridged packets pass the iptables hooks and puts the sysctl
@@ -41,6 +44,10 @@ LOCK_PATH = Path(tempfile.gettempdir()) / "squall-bridge-hold.lock"  # not squal
 SYSCTL = "/proc/sys/net/bridge/bridge-nf-call-iptables"  # read in the namespace that opens it
 PROC_QUEUES = "/proc/thread-self/net/netfilter/nfnetlink_queue"
 
+
+#: A stand-in namespace file whose name starts with this marks an endpoint that runs on another
+#: machine (the swarm node agent makes one): no bridge to find here, no packet to hold for it.
+ELSEWHERE_PREFIX = "squall-elsewhere-"
 
 _own_fd: int | None = None  # this process's namespace, held open for the process's life
 
@@ -114,15 +121,23 @@ def _is_bridge_port(path: str, index: int) -> bool:
                                                           (None, "bridge"))
 
 
+def elsewhere(netns: str) -> bool:
+    """Whether an endpoint's namespace path is the stand-in for one on another machine."""
+    return Path(netns).name.startswith(ELSEWHERE_PREFIX)
+
+
 def bridge_namespace(endpoints: Sequence[Endpoint]) -> str:
-    """The namespace of the bridge all endpoints' veths are ports of.
+    """The namespace of the bridge all endpoints' veths on this machine are ports of.
 
     :raises ShapingError: an endpoint's veth peer is in no namespace this process can see or is not
-        a bridge port, or the endpoints are on bridges in different namespaces.
+        a bridge port, the endpoints are on bridges in different namespaces, or none is here.
     """
     found: dict[tuple[int, int], str] = {}
     candidates = _candidates()
-    for ep in endpoints:
+    here = [ep for ep in endpoints if not elsewhere(ep.netns)]
+    if not here:
+        raise ShapingError("no endpoint runs on this machine: there is no bridge to hold packets on")
+    for ep in here:
         path, peer = _peer_namespace(ep, candidates)
         if not _is_bridge_port(path, peer):
             raise ShapingError(f"node {ep.index}: the veth peer of its {ep.device} (ifindex {peer} in {path}) is "
@@ -221,12 +236,14 @@ class HoldRules:
         self.netns = netns
         self.chain = hold_plan.chain_name(run_id)
         self.rules: tuple[HoldRule, ...] = ()
+        #: addresses of the receivers on this machine; None: every receiver is (one machine)
+        self.receivers: frozenset[str] | None = None
         self.installed = False  # the chain and its jump exist
         self.created_table = False  # the mangle table was absent before this run's first rule
 
     def sync(self, rules: Sequence[HoldRule]) -> None:
-        """Make the chain hold ``rules``: one ``iptables-restore`` transaction (old rules or new ones)."""
-        rules = tuple(rules)
+        """Make the chain hold ``rules`` (those of :attr:`receivers`): one ``iptables-restore`` transaction."""
+        rules = hold_plan.for_receivers(rules, self.receivers)
         if self.installed and rules == self.rules:
             return
         if not rules:

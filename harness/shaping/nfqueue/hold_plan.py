@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from .config import MAX_QUEUE
@@ -94,6 +94,17 @@ class HoldRule:
                 raise RulesError(f"hold rule: {what}={value!r}; allowed: an IPv4 address")
         if not 0 <= self.queue <= MAX_QUEUE:
             raise RulesError(f"hold rule: queue={self.queue}; allowed: 0 .. {MAX_QUEUE}")
+
+
+def for_receivers(rules: Sequence[HoldRule], receivers: Collection[str] | None) -> tuple[HoldRule, ...]:
+    """The rules whose receiver is one of ``receivers`` (None: all of them).
+
+    On a machine that holds only some of a run's endpoints (a swarm node), a packet between two
+    machines crosses both machines' bridges: held only where its receiver is, it waits once.
+    """
+    if receivers is None:
+        return tuple(rules)
+    return tuple(r for r in rules if r.destination in receivers)
 
 
 def chain_name(run_id: str) -> str:
