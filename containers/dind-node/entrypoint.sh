@@ -1,8 +1,13 @@
 #!/bin/sh
 # Start the node's own Docker engine (PID 1 is the container's init, so dockerd is reaped cleanly).
-# With cgroup v2 the engine needs its controllers delegated: move every process out of the root
-# group into a child first (a group with processes cannot hand controllers to its children).
+#
+# cgroups: the harness mounts the host's /sys/fs/cgroup writable (the node is not --privileged,
+# see harness/cluster/swarm/dind.py). With cgroup v1 the engine nests its containers' groups under
+# this container's own group, so they go when the node is removed. With cgroup v2 (a private
+# cgroup namespace) it needs its controllers delegated: every process moves out of the root group
+# into a child first (a group with processes cannot hand controllers to its children).
 set -eu
+parent=""
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
     mkdir -p /sys/fs/cgroup/squall-init
     while read -r pid; do echo "$pid" > /sys/fs/cgroup/squall-init/cgroup.procs 2>/dev/null || true; done \
@@ -10,6 +15,10 @@ if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
     for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
         echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
     done
+else
+    own=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+    [ -n "$own" ] && [ "$own" != "/" ] && parent="--cgroup-parent=$own/nested"
 fi
 mkdir -p /run/docker /var/lib/docker
-exec dockerd --host=unix:///var/run/docker.sock --storage-driver="${SQUALL_DIND_STORAGE:-overlay2}" "$@"
+# shellcheck disable=SC2086
+exec dockerd --host=unix:///var/run/docker.sock --storage-driver="${SQUALL_DIND_STORAGE:-overlay2}" $parent "$@"

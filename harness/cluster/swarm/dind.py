@@ -45,6 +45,16 @@ LABEL_ROLE = "squall.role"
 ROLE = "dind-node"
 PREFIX = "squall-dind"
 MAX_NODES = 8
+#: The nodes' engines put their containers' cgroups under their own container's (see the entrypoint).
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: Linux capability names by bit number (linux/capability.h), as Docker's --cap-add takes them; up to
+#: AUDIT_READ (37): Debian 12's engine (20.10) refuses the newer PERFMON, BPF and CHECKPOINT_RESTORE.
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+                "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK",
+                "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN",
+                "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE",
+                "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
+                "BLOCK_SUSPEND", "AUDIT_READ")
 
 
 @dataclass(frozen=True)
@@ -135,11 +145,20 @@ class DindNodes:
     def _create(self) -> None:
         self.client.networks.create(self.network_name, driver="bridge", labels=self.labels, check_duplicate=True)
         for name, hostname in zip(self.names, self.hostnames, strict=True):
-            self.client.containers.run(
-                self.image, name=name, hostname=hostname, detach=True, privileged=True,
-                init=True, labels=self.labels, network=self.network_name,
-                volumes={str(REPO_ROOT): {"bind": str(REPO_ROOT), "mode": "ro"}},
+            api = self.client.api
+            host_config = api.create_host_config(
+                init=True, network_mode=self.network_name, cap_add=host_capabilities(),
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+                binds={str(REPO_ROOT): {"bind": str(REPO_ROOT), "mode": "ro"},
+                       CGROUP_ROOT: {"bind": CGROUP_ROOT, "mode": "rw"}},
             )
+            # what `--security-opt systempaths=unconfined` does: the node's engine mounts a fresh /proc
+            # in each of its containers, which the kernel refuses while parts of this one are masked
+            host_config["MaskedPaths"] = []
+            host_config["ReadonlyPaths"] = []
+            created = api.create_container(self.image, name=name, hostname=hostname, labels=self.labels,
+                                           host_config=host_config)
+            api.start(created["Id"])
         for name, hostname in zip(self.names, self.hostnames, strict=True):
             attrs = self.client.api.inspect_container(name)
             self.addresses[hostname] = attrs["NetworkSettings"]["Networks"][self.network_name]["IPAddress"]
@@ -243,6 +262,18 @@ class DindNodes:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def host_capabilities(status: str = "/proc/self/status") -> list[str]:
+    """The capabilities this machine can grant: its bounding set, by name.
+
+    Not ``--privileged``: that asks for every capability the kernel knows, and an engine that runs
+    in a sandbox without some of them (here: no CAP_SYS_RESOURCE) cannot start such a container.
+    """
+    with open(status) as fh:
+        line = next(x for x in fh if x.startswith("CapBnd:"))
+    mask = int(line.split()[1], 16)
+    return [name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1]
 
 
 def _error_of(call: Callable[[str], None], name: str) -> BaseException | None:
