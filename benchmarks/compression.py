@@ -6,17 +6,20 @@
 
 For each worker count one cluster is started; for each profile its links are shaped, then the job
 ``protocols.collectives.compressed_bench:compressed_bench`` times, size by size and call by call, the
-dense ring, Top-K by all-gather, Rand-K and ARC-Top-K by index-free ring, and the two-step and
-per-hop INT8/INT4 all-reduces (that module's table), and the job ``gloo_allreduce`` times
-``torch.distributed``'s gloo on the same containers. Sizes are binary float32 tensors per rank.
+dense ring (float32, and float16: ``dense16``, T8.2's yardstick), Top-K by all-gather, Rand-K and ARC-Top-K
+by index-free ring, and the two-step and per-hop INT8/INT4 all-reduces (that module's table), and the job
+``gloo_allreduce`` times ``torch.distributed``'s gloo on the same containers. Sizes are binary float32
+tensors per rank (the fp16 ring all-reduces the same values in half the bytes).
 
-Per row: the slowest rank's median time, the ratio to the dense ring's and to gloo's, the bytes one
+Per row: the slowest rank's median time, the ratio to the dense ring's, the fp16 ring's and gloo's, the bytes one
 rank sent per call as counted by its transport (and that over the dense ring's), and the alpha-beta
 lower bound from the compressed byte count: ``hops alpha + bytes / (links B)`` (``hops`` the algorithm's
 sequential one-way latencies, alpha the profile's delay, B its rate per link, ``links`` the links a
 rank's bytes leave on side by side: ``n - 1`` for all-gather and all-to-all, 1 for a ring); ``x bound``
 well below 1 would mean the measurement or the model is wrong (the emulated delay and rate are good to
-a few per cent: rows below 0.95 are listed).
+a few per cent: rows below 0.95 are listed). Where the fp16 ring ran beside the two-step all-reduces, a
+line per cell gives PROTOCOLS.md T8.2's verdict (INT8 <= 0.6x, INT4 <= 0.4x the fp16 ring, neither below
+its bound).
 """
 
 from __future__ import annotations
@@ -76,13 +79,14 @@ def measure(run: RunJob, n: int, profile: str, sizes: Sequence[int], *, link: Li
         mine = {r["algorithm"]: r for r in results[0][0]["rows"] if r["bytes"] == size}
         sent = {a: max(next(r for r in value["rows"] if r["bytes"] == size and r["algorithm"] == a)["bytes_sent"]
                        for value, _ in results) for a in mine}
-        dense = mine.get("dense")
+        dense, dense16 = mine.get("dense"), mine.get("dense16")
         for algorithm, r in mine.items():
             t = float(r["median_s_max"])
             bound = r["hops"] * link.alpha + sent[algorithm] / (r["links"] * link.bandwidth)
             rows.append({
                 "workers": n, "profile": profile, "bytes": size, "algorithm": algorithm, "median_s": t,
                 "vs_dense": t / float(dense["median_s_max"]) if dense else None,
+                "vs_fp16": t / float(dense16["median_s_max"]) if dense16 else None,
                 "vs_gloo": t / gloo_rows[size] if size in gloo_rows else None,
                 "gloo_s": gloo_rows.get(size), "bytes_sent": sent[algorithm],
                 "bytes_vs_dense": sent[algorithm] / sent["dense"] if "dense" in sent else None,
@@ -150,15 +154,34 @@ def _ratio(value: float | None) -> str:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a fixed-width table."""
-    head = (f"{'n':>2} {'profile':<13} {'size':>5} {'algorithm':<9} {'median ms':>10} {'x dense':>7} {'x gloo':>7} "
+    head = (f"{'n':>2} {'profile':<13} {'size':>5} {'algorithm':<9} {'median ms':>10} {'x dense':>7} {'x fp16':>7} "
+            f"{'x gloo':>7} "
             f"{'KB sent':>9} {'x bytes':>7} {'bound ms':>9} {'x bound':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['workers']:>2} {r['profile']:<13} {size_label(r['bytes']):>5} {r['algorithm']:<9} "
-                     f"{1e3 * r['median_s']:>10.1f} {_ratio(r['vs_dense'])} {_ratio(r['vs_gloo'])} "
+                     f"{1e3 * r['median_s']:>10.1f} {_ratio(r['vs_dense'])} {_ratio(r.get('vs_fp16'))} "
+                     f"{_ratio(r['vs_gloo'])} "
                      f"{r['bytes_sent'] / 1024:>9.1f} {_ratio(r['bytes_vs_dense'])} {1e3 * r['bound_s']:>9.1f} "
                      f"{r['vs_bound']:>7.2f}")
     return "\n".join(lines)
+
+
+#: PROTOCOLS.md T8.2: the two-step all-reduce's time over the fp16 ring's, at most.
+T82_LIMITS = {"int8": 0.6, "int4": 0.4}
+
+
+def t82_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """T8.2's verdict for every cell that ran the fp16 ring beside the two-step all-reduces."""
+    lines = []
+    for r in rows:
+        limit = T82_LIMITS.get(r["algorithm"])
+        if limit is None or r.get("vs_fp16") is None:
+            continue
+        verdict = "met" if r["vs_fp16"] <= limit and r["vs_bound"] >= BOUND_SLACK else "MISSED"
+        lines.append(f"T8.2 {r['profile']} {size_label(r['bytes'])} n={r['workers']}: {r['algorithm']} "
+                     f"{r['vs_fp16']:.2f}x the fp16 ring (<= {limit}), {r['vs_bound']:.2f}x its bound: {verdict}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     below = [f"{r['profile']} {size_label(r['bytes'])} {r['algorithm']} x{r['vs_bound']:.2f}" for r in rows
              if r["vs_bound"] < BOUND_SLACK]
     print(f"{len(below)} rows below {BOUND_SLACK} x their alpha-beta bound" + (f": {below}" if below else ""))
+    for line in t82_lines(rows):
+        print(line)
     print(f"total {elapsed:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ each size, one call after another of every algorithm of ``algorithms``:
 
 ==============  ================================================================================
 ``dense``       our float32 ring all-reduce (:func:`~protocols.collectives.ring_allreduce`)
+``dense16``     the same ring over the vector in float16: the yardstick of PROTOCOLS.md T8.2 (an fp16 ring)
 ``top_k``       Top-K with indices by all-gather (:func:`~protocols.collectives.sparse.topk_allgather`)
 ``rand_k``      shared-seed Rand-K, index-free ring (:func:`~protocols.collectives.sparse.randk_allreduce`)
 ``arc``         ARC-Top-K: sketch ring, then rows ring (:func:`~protocols.collectives.sparse.arc_allreduce`)
@@ -46,7 +47,7 @@ from protocols.wire import Message
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("dense", "top_k", "rand_k", "arc", "int8", "int4", "int8_hop", "int4_hop")
+ALGORITHMS = ("dense", "dense16", "top_k", "rand_k", "arc", "int8", "int4", "int8_hop", "int4_hop")
 DEFAULT_SIZES = (1 << 20, 4 << 20)
 DEFAULT_PORT = 29630
 BARRIER_TAG = 0x43424152  # "CBAR"
@@ -62,7 +63,7 @@ def hops(algorithm: str, world_size: int) -> int:
     """Sequential one-way message latencies of one call (the alpha term of its bound)."""
     n = world_size
     ring = 2 * (n - 1)
-    return {"dense": ring, "rand_k": ring, "arc": 2 * ring, "int8_hop": ring, "int4_hop": ring,
+    return {"dense": ring, "dense16": ring, "rand_k": ring, "arc": 2 * ring, "int8_hop": ring, "int4_hop": ring,
             "top_k": 1, "int8": 2, "int4": 2}[algorithm]
 
 
@@ -113,6 +114,7 @@ def calls(config: CompressedBenchConfig, numel: int) -> dict[str, Call]:
     t = config.timeout
     return {
         "dense": lambda tr, x, r: ring_allreduce(tr, x, round=r, op="mean", timeout=t),
+        "dense16": lambda tr, x, r: ring_allreduce(tr, half(x), round=r, op="mean", timeout=t),
         "top_k": lambda tr, x, r: topk_allgather(tr, x, ratio=config.ratio, round=r, timeout=t),
         "rand_k": lambda tr, x, r: randk_allreduce(tr, x, ratio=config.ratio, seed=0, round=r, timeout=t),
         "arc": lambda tr, x, r: arc_allreduce(tr, x, segments=segments, ratio=config.arc_ratio, rank=config.arc_rank,
@@ -122,6 +124,11 @@ def calls(config: CompressedBenchConfig, numel: int) -> dict[str, Call]:
         "int8_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=8, timeout=t),
         "int4_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=4, timeout=t),
     }
+
+
+def half(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float16 (the benchmark converts once per size, outside the timed calls)."""
+    return x if x.dtype == torch.float16 else x.half()
 
 
 def compressed_bench(ctx: JobContext) -> dict[str, Any]:
@@ -140,6 +147,7 @@ async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, An
             numel = size // 4
             x = torch.from_numpy(np.random.default_rng(ctx.rank).standard_normal(numel).astype(np.float32))
             table = calls(config, numel)
+            inputs = {a: half(x) if a == "dense16" else x for a in config.algorithms}  # fp16 activations, as given
             times: dict[str, list[float]] = {a: [] for a in config.algorithms}
             sent: dict[str, list[tuple[int, int]]] = {a: [] for a in config.algorithms}
             for rep in range(config.warmup + config.repetitions):
@@ -148,7 +156,7 @@ async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, An
                     await barrier(transport, round=round_)
                     before = transport.total_counters()
                     t0 = time.perf_counter()
-                    await table[algorithm](transport, x, round_)
+                    await table[algorithm](transport, inputs[algorithm], round_)
                     elapsed = time.perf_counter() - t0
                     after = transport.total_counters()
                     if rep >= config.warmup:

@@ -142,6 +142,7 @@ def test_the_benchmark_job_runs_every_algorithm_and_each_sends_less_than_the_den
 
         sent[name] = max(run_inproc(N, one))
     assert sent["dense"] == dense_ring(numel)
+    assert sent["dense16"] == dense_ring(numel // 2)  # the fp16 ring: half the bytes, the same messages
     assert all(sent[name] < sent["dense"] for name in ALGORITHMS if name != "dense"), sent
     assert sent["int4"] < sent["int8"] and sent["rand_k"] < sent["top_k"], sent
     with pytest.raises(ValueError, match=r"algorithms = \['zip'\] must be a non-empty subset"):
