@@ -59,3 +59,33 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("SQUALL_STATE_DIR", None)
     else:
         os.environ["SQUALL_STATE_DIR"] = old
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected theirs: only what is still selected counts
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a kernel without ``sch_netem``, deselect the host's ``[netem]`` rows that the netem VM's rows
+    stand for in this session (:mod:`tests.netem_vm.rows` says exactly when; a host with netem runs
+    them natively, and a row the VM does not cover stays and skips with its reason)."""
+    from harness.shaping import netem_probe
+    from tests.netem_vm.rows import stand_ins
+
+    ids = [item.nodeid for item in items]
+    if not any(i.startswith("tests/integration/test_netem_vm.py::") for i in ids):
+        return  # (the netem probe, a scratch namespace, only where the question arises)
+    chosen = set(stand_ins(ids, netem_here=netem_probe().available))
+    if chosen:
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in chosen])
+        items[:] = [item for item in items if item.nodeid not in chosen]
+        config.stash[_VM_STANDS_FOR] = len(chosen)
+
+
+_VM_STANDS_FOR = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say why host ``[netem]`` rows were deselected, so the count is never a mystery."""
+    n = config.stash.get(_VM_STANDS_FOR, 0)
+    if n:
+        terminalreporter.write_line(f"{n} host [netem] tests deselected: this kernel has no sch_netem, and "
+                                    "tests/integration/test_netem_vm.py runs each of them on a netem kernel "
+                                    "(tests/netem_vm/rows.py)")

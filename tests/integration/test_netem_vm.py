@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from harness.cluster.engine import in_ci
+from tests.netem_vm.rows import GUEST_TESTS, HOST_FILES, SWITCH, guest_row, is_netem_row, vm_switched_off
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "scripts" / "netem-vm" / "run.sh"
@@ -38,40 +40,6 @@ VM_TIMEOUT_S = 720  # the VM's own limit (run.sh kills it); the test's is a litt
 QEMU_LOCK, BENCH_LOCK = "/tmp/squall-qemu.lock", "/tmp/squall-bench.lock"
 BENCH_WAIT_S = float(os.environ.get("SQUALL_NETEM_VM_BENCH_WAIT_S", "120"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(VM_TIMEOUT_S + 400)]  # whichever test boots the VM
-B = "tests/integration/test_shaping_backends.py::"
-G = "tests/netem_vm/guest_conformance.py::"
-#: Every test the guest runs (guest.sh). A guest row missing here, or one listed here that did not
-#: run, fails test_the_guest_ran_exactly_the_listed_tests.
-GUEST_TESTS = (
-    B + "test_delay_of_a_link[netem]",
-    B + "test_a_pair_setting_changes_only_that_pair[netem]",
-    B + "test_blocked_pair_drops_everything_and_unblocking_restores[netem]",
-    B + "test_duplication[netem]",
-    B + "test_rate_limit_tcp_goodput[netem]",
-    B + "test_change_takes_effect_within_100ms[netem]",
-    B + "test_incremental_changes_match_a_fresh_apply[netem]",
-    "tests/netem_vm/guest_backends.py::test_clear_restores_namespaces_exactly_netem",
-    "tests/netem_vm/guest_backends.py::test_replace_endpoint_after_a_restart_netem",
-    G + "test_a_partition_blocks_and_a_heal_restores[netem]",
-    G + "test_a_per_pair_setting_changes_only_that_pair[netem]",
-    G + "test_a_phase_takes_effect_within_100_ms[netem]",
-    G + "test_delay_mean[netem-1ms]",
-    G + "test_delay_mean[netem-20ms]",
-    G + "test_delay_mean[netem-100ms]",
-    G + "test_jitter_sd[netem-uniform-5ms]",
-    G + "test_jitter_sd[netem-normal-2ms]",
-    G + "test_links_without_settings_stay_untouched[netem]",
-    G + "test_loss_inside_the_99_percent_binomial_region[netem-1pct]",
-    G + "test_loss_inside_the_99_percent_binomial_region[netem-10pct]",
-    G + "test_rate[netem-10mbit]",
-    G + "test_rate[netem-100mbit]",
-    G + "test_rate[netem-1gbit]",
-    G + "test_calibration_on_netem[netem-wan-5ms]",
-    G + "test_calibration_on_netem[netem-lossy-1pct]",
-    G + "test_calibration_on_netem[netem-thin-20mbit]",
-)
-
-
 def _unable(why: str) -> None:
     if in_ci():
         pytest.fail(f"the netem VM cannot run: {why} (CI=true: a missing prerequisite is a failure, not a skip)")
@@ -79,9 +47,12 @@ def _unable(why: str) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(path: str, *, wait_s: float | None) -> Iterator[bool]:
+def _exclusive(path: str, *, wait_s: float | None, skip: bool = False) -> Iterator[bool]:
     """Hold the flock on ``path`` for the block; wait for it at most ``wait_s`` (None: for ever).
-    Yields whether it is held."""
+    Yields whether it is held (``skip``: the caller holds it; True without locking)."""
+    if skip:
+        yield True
+        return
     with open(path, "a") as f:
         deadline = None if wait_s is None else time.monotonic() + wait_s
         while True:
@@ -102,9 +73,9 @@ def _exclusive(path: str, *, wait_s: float | None) -> Iterator[bool]:
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Name: guest. Scope: module. Boots the VM once; the guest's outcome per test id (progress.jsonl)."""
-    if os.environ.get("SQUALL_NETEM_VM") != "1":
-        pytest.skip("the netem VM runs with SQUALL_NETEM_VM=1 (make test-netem): not yet part of make test, because "
-                    "no full 8-12 min run under QEMU TCG has passed on a busy 2-core host yet")
+    if vm_switched_off():
+        pytest.skip(f"the netem VM is switched off by {SWITCH}=0 (ignored under CI=true); the host's own [netem] "
+                    "rows then run (or skip on a kernel without netem)")
     if os.geteuid() != 0:
         _unable("needs root (QEMU packages from apt, namespaces, tc in the guest)")
     out = tmp_path_factory.mktemp("netem-vm")
@@ -114,7 +85,11 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     # (nice -20). On a shared machine where others' benchmarks hold it for long, the VM runs at
     # ordinary priority instead, so it spoils no one's figures (and its own delay checks are more
     # often "too busy").
-    with _exclusive(QEMU_LOCK, wait_s=None), _exclusive(BENCH_LOCK, wait_s=BENCH_WAIT_S) as bench:
+    # SQUALL_NETEM_VM_LOCKS_HELD=1: the caller holds both already (flock ... flock ... make test-netem);
+    # a second flock here, on a new open file, would wait for the caller's for ever.
+    held = os.environ.get("SQUALL_NETEM_VM_LOCKS_HELD") == "1"
+    with _exclusive(QEMU_LOCK, wait_s=None, skip=held), \
+            _exclusive(BENCH_LOCK, wait_s=BENCH_WAIT_S, skip=held) as bench:
         if not bench:
             env["NETEM_VM_NICE"] = "0"
         proc = subprocess.run(["bash", str(RUN)], cwd=REPO, env=env, capture_output=True, text=True,
@@ -136,6 +111,19 @@ def test_the_guest_ran_exactly_the_listed_tests(guest: dict[str, dict[str, Any]]
     assert sorted(guest) == sorted(GUEST_TESTS), (
         f"ran but not listed: {sorted(set(guest) - set(GUEST_TESTS))}; "
         f"listed but did not run (a VM killed at its time limit?): {sorted(set(GUEST_TESTS) - set(guest))}")
+
+
+def test_every_host_netem_test_has_a_guest_row() -> None:
+    """Every [netem] row the host's suites have (collected here in a separate pytest, where nothing is
+    deselected) has a guest row that runs it: the VM's rows may stand for them (tests/conftest.py)
+    only because they cover all of them."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *HOST_FILES], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    host = [line.strip() for line in proc.stdout.splitlines() if is_netem_row(line.strip())]
+    assert len(host) >= 20, f"the host's suites have only {len(host)} netem rows?\n{proc.stdout[-2000:]}"
+    uncovered = [n for n in host if guest_row(n) not in GUEST_TESTS]
+    assert not uncovered, f"host netem tests the guest does not run: {uncovered}"
 
 
 @pytest.mark.parametrize("test_id", GUEST_TESTS, ids=[t.split("::")[1] for t in GUEST_TESTS])

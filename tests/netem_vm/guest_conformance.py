@@ -25,43 +25,80 @@ that far behind loses echoes in its own buffers); the partition test is retried 
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness.calibration import judge, verdicts
 from harness.calibration import plan as calibration_plan
 from harness.calibration import runner as calibration_runner
+from harness.calibration.expected import delay_model
 from harness.calibration.judge import Baseline, stalled_fraction
 from harness.calibration.observations import Sample, UdpObservation, raw_samples
 from harness.calibration.probing import finish_udp, run_udp, start_udp
 from harness.calibration.runner import STALL_TRIES
-from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome
+from harness.calibration.stats import without_stalls
+from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay
+from harness.profiles import profile_from_data
 from harness.shaping import Shaper, open_shaper, state_at
+from harness.shaping.nfqueue.probe import realtime
+from tests import kernel_clients, timing
 from tests.integration import test_shaping_conformance as suite
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
-    baseline,
+    kernel_tools,
+    pings,
     rates,
-    test_a_per_pair_setting_changes_only_that_pair,
-    test_a_phase_takes_effect_within_100_ms,
     test_delay_mean,
+    test_iperf3_gets_the_link_rate,
     test_jitter_sd,
     test_links_without_settings_stay_untouched,
     test_loss_inside_the_99_percent_binomial_region,
-    test_rate,
+    test_ping_rtt_is_the_sum_of_both_directions,
 )
 from tests.netem_vm.nscluster import NamespaceCluster
 from tests.timing import judged, retrying
 
 OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
-#: Probes per second per link in the guest. The suite's 500/s on 12 links (6000 datagrams/s plus their
-#: echoes) overran four Python probes on two emulated CPUs: echoes queued for hundreds of ms (read as
-#: "host stalls") and overflowed socket buffers (read as loss). The counts stay, so every check keeps
-#: its sample size and its power; only the probes take longer.
-GUEST_RATE_PPS = float(os.environ.get("NETEM_VM_RATE_PPS", "100"))
+#: Probes per second per link of the suite's probes in the guest (12 links at once). The suite's
+#: 500/s, and 100/s too, overran four Python probes on two emulated CPUs: echoes queued for hundreds
+#: of ms and 98 % of a link's samples lay outside the stall window even on a quiet host (measured),
+#: while calibration's two links at 100/s kept up (14 % outside). 40/s on 12 links is 2.4x
+#: calibration's load; the counts below keep every check's power (the loss checks with larger losses).
+GUEST_RATE_PPS = float(os.environ.get("NETEM_VM_RATE_PPS", "40"))
+CALIBRATION_RATE_PPS = 100.0
 suite.RATE_PPS = GUEST_RATE_PPS  # the suite reads its module constants when a test runs
-calibration_plan.UDP_RATE_PPS = GUEST_RATE_PPS
+suite.CANARY_P99_US = timing.CANARY_P99_US  # type: ignore[attr-defined]  # the guest's own bound (tests/netem_vm/guest_plugin.py)
+#: The mixed state with settings TCG can be judged on: delays of 20-100 ms (the guest's own path
+#: spreads by ~0.3-1 ms, and the delay tolerance grows with it: :func:`baseline`), jitter of 10-20 ms,
+#: losses of 5 and 20 % (so that 600 probes resolve them, as 1500 resolve 1 and 10 % on the host) and
+#: rates the emulated path can carry (it carried 86-100 Mbit/s unlimited). The suite's test ids keep
+#: the host's names (``test_delay_mean[netem-1ms]`` judges this 20 ms link, ``[netem-10pct]`` the 20 %
+#: loss): each test asks the same question of the same link with these settings.
+suite.MIXED = profile_from_data({"name": "conformance-mixed-tcg", "description": "the mixed state, TCG-sized",
+                                 "links": {"pairs": [
+                                     {"link": "0 -> 1", "delay": "20ms"},
+                                     {"link": "1 -> 0", "delay": "50ms"},
+                                     {"link": "0 -> 2", "delay": "100ms"},
+                                     {"link": "2 -> 0", "delay": "50ms", "jitter": "20ms"},
+                                     {"link": "3 -> 1", "delay": "40ms",
+                                      "jitter": {"amount": "8ms", "distribution": "normal"}},
+                                     {"link": "0 -> 3", "delay": "20ms", "loss": "5%"},
+                                     {"link": "3 -> 0", "delay": "20ms", "loss": "20%"},
+                                     {"link": "1 -> 2", "delay": "2ms", "rate": "10mbit"},
+                                     {"link": "2 -> 1", "delay": "2ms", "rate": "20mbit"},
+                                     {"link": "1 -> 3", "delay": "2ms", "rate": "40mbit"},
+                                 ]}})
+suite.MIXED_COUNT = int(os.environ.get("NETEM_VM_MIXED_COUNT", "600"))
+#: The guest's rate rows: the host's 10 Mbit/s, and in place of 100 Mbit/s and 1 Gbit/s (more than
+#: the emulated path carries unlimited) 20 and 40 Mbit/s.
+GUEST_RATES = [((1, 2), 10e6), ((2, 1), 20e6), ((1, 3), 40e6)]
+calibration_plan.UDP_RATE_PPS = CALIBRATION_RATE_PPS
 CALIBRATED = ("wan-5ms", "lossy-1pct", "thin-20mbit")  # the profiles issue 14 names
 CALIBRATED_PAIRS = [(0, 1), (1, 0)]  # two directions (the suite covers the rest)
 # quick: the loss check asks half the resolution (fewer packets) and transfers are shorter (at the
@@ -75,9 +112,61 @@ def cluster() -> Iterator[NamespaceCluster]:
         yield c
 
 
+#: The guest's stall window and delay floor grow with its own measured path spread (:func:`baseline`).
+STALL_SIGMAS_OF_PATH = 6.0  # as a configured jitter's window: 6 s.d.
+DELAY_SIGMAS_OF_PATH = 3.0
+#: A netem-delayed packet waits for an emulated timer, so it spreads more than the unshaped path does
+#: (measured: 0.74-0.78 ms s.d. on a 5 ms link without jitter for a 0.385 ms baseline): the jitter
+#: tolerance floor is 2 s.d. of the path. Sub-ms jitter cannot be judged here; the jitter rows the
+#: guest judges are 8 and 11.5 ms s.d. (suite.MIXED here).
+JITTER_SIGMAS_OF_PATH = 2.0
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster: NamespaceCluster) -> Baseline:
+    """Name: baseline. Scope: module. Depends: cluster (still unshaped). The suite's baseline probe; then
+    the judges' fixed native bounds are scaled to the guest's own measured path spread (s.d. from
+    the quartiles of the unshaped one-way delays, host stalls left out as everywhere):
+
+    * the stall window (samples this far from the median are host stalls): max(1 ms, 6 s.d.), as a
+      configured jitter of that s.d. would get;
+    * the delay tolerance floor: max(0.5 ms, 3 s.d.) (the native 0.5 ms is 1.5-3 s.d. of TCG's path);
+    * the jitter tolerance floor: max(0.25 ms, 2 s.d.) (:data:`JITTER_SIGMAS_OF_PATH`);
+    * the share of a probe that may lie beyond the window before a jitter check is "too busy"
+      (native 5 % / 10 %): raised by the unshaped path's own share beyond it (TCG's tail, measured
+      before anything is shaped, so it is the guest's and not the link's).
+
+    Every delay the guest judges is 20 ms or more (:data:`suite.MIXED` here), so a link that lost or
+    doubled its delay is still off by far more than either. Recorded in ``guest_tolerances.json``.
+    """
+    obs, _ = run_udp(cluster, suite.EVERY, count=suite.SHORT_COUNT,  # type: ignore[arg-type]
+                     rate_pps=suite.RATE_PPS, wait_s=0.5)
+    assert obs.shared_clock, obs.problems
+    b = Baseline.from_udp(obs)
+    sd = b.one_way_sd_us
+    stall = max(verdicts.STALL_FLOOR_US, STALL_SIGMAS_OF_PATH * sd)
+    floor = max(verdicts.DELAY_FLOOR_US, DELAY_SIGMAS_OF_PATH * sd)
+    verdicts.STALL_FLOOR_US = stall
+    judge.STALL_FLOOR_US = kernel_clients.STALL_FLOOR_US = stall  # type: ignore[attr-defined]  # (their imports)
+    verdicts.DELAY_FLOOR_US = floor
+    verdicts.JITTER_FLOOR_US = max(verdicts.JITTER_FLOOR_US, JITTER_SIGMAS_OF_PATH * sd)
+    # the unshaped path's own tail beyond that window (TCG's, not a stall) on its worst link: the
+    # jitter checks' "too busy" limits count only stalls beyond it
+    tail = max((without_stalls(o.one_way_samples, stall)[1] / len(o.one_way_samples)
+                for o in obs.links.values() if o.one_way_samples), default=0.0)
+    verdicts.HIDDEN_STALL_FRACTION = max(verdicts.HIDDEN_STALL_FRACTION, tail + 0.05)
+    verdicts.JITTER_STALL_FRACTION = max(verdicts.JITTER_STALL_FRACTION, tail + 0.10)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "guest_tolerances.json").write_text(json.dumps({
+        "baseline": b.to_dict(), "stall_floor_us": stall, "delay_floor_us": floor, "path_tail": tail,
+        "jitter_floor_us": verdicts.JITTER_FLOOR_US,
+        "hidden_stall_fraction": verdicts.HIDDEN_STALL_FRACTION,
+        "jitter_stall_fraction": verdicts.JITTER_STALL_FRACTION}) + "\n")
+    return b
+
+
 @pytest.fixture(scope="module", params=["netem"])
-def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster,
-           baseline: Baseline) -> Iterator[Shaper]:  # noqa: F811  (the suite's fixture, by name)
+def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster, baseline: Baseline) -> Iterator[Shaper]:
     """Name: shaper. Scope: module. Depends: cluster, baseline. The netem backend; closed after its tests."""
     s = open_shaper(cluster.endpoints(), run_id=f"{cluster.run_id}{request.param[0]}", backend=request.param)
     assert s.backend == request.param
@@ -107,23 +196,31 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     return obs
 
 
+PHASE_PROBE_S = 4.0  # the suite's 2.5 s, longer: the change (applied at 1 s) may take ~1.5 s under TCG
+APPLY_PRIORITY = 10  # SCHED_FIFO of this process while it applies the phase: above the probes' agents (5)
+PhaseRun = tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float, float]
+
+
 @pytest.fixture(scope="module")
-def phase_run(cluster: NamespaceCluster,
-              shaper: Shaper) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
+def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
-    profile, tries and choice of the least stalled); its tests skip as too busy, as :func:`mixed`'s do,
-    while even that try had more than MAX_STALL_FRACTION of a link's packets stalled (a guest 1.4 s
-    behind lost packets across the change and had none in the half second before it)."""
+    profile, tries and choice of the least stalled), 4 s long, and when the phase's apply() returned
+    (wall clock) beside when it was called; the change is applied at real-time priority above the
+    probes (else the probes' agents keep it off the emulated CPUs). Its tests skip as too busy, as
+    :func:`mixed`'s do, while even the least stalled try had more than MAX_STALL_FRACTION of a link's
+    packets stalled."""
     before = state_at(suite.PHASED, suite.N, 0.0)
     tries = []
     for _ in range(STALL_TRIES):
         shaper.apply(before)
-        run = start_udp(cluster, suite.EVERY, count=int(2.5 * suite.RATE_PPS),  # type: ignore[arg-type]
+        run = start_udp(cluster, suite.EVERY, count=int(PHASE_PROBE_S * suite.RATE_PPS),  # type: ignore[arg-type]
                         rate_pps=suite.RATE_PPS, wait_s=0.5)
-        due = suite._apply_at(shaper, suite.PHASED, suite.PHASE_AT_S, run.start_wall)
+        with realtime(APPLY_PRIORITY):
+            due = suite._apply_at(shaper, suite.PHASED, suite.PHASE_AT_S, run.start_wall)
+        returned = time.time()
         obs, results = finish_udp(run, suite.EVERY)
         shaper.check()
-        tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
+        tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
         if stalled_fraction(before, obs) <= MAX_STALL_FRACTION:
             break
     best = min(tries, key=lambda t: stalled_fraction(before, t[0]))
@@ -132,6 +229,47 @@ def phase_run(cluster: NamespaceCluster,
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
                     f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
     return best
+
+
+def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun, baseline: Baseline) -> None:
+    """The suite's test with the 100 ms counted from when the phase's apply() returned, not from when
+    it was called: under TCG apply() itself (Python on an emulated CPU) took 0.3-1.5 s (measured; the
+    host's suite asks 100 ms from the call). "Before the phase every packet was old" is judged, as in
+    the suite, on the median of the half second before the call."""
+    _, samples, due, returned = phase_run
+    middle = (2000 + 30000) / 2 + baseline.one_way_mean_us
+    last_old = suite._last_old(samples[(0, 1)], middle)
+    assert last_old < returned + suite.PHASE_DEADLINE_S, (
+        f"a packet sent {last_old - returned:+.3f} s after the phase's apply() returned still had 2 ms "
+        f"(apply took {returned - due:.3f} s)")
+    before = [s.forward_us for s in samples[(0, 1)] if due - 0.5 <= s.send_wall < due]
+    assert before and statistics.median(before) < middle, "the new delay held before the phase started"
+
+
+def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun, baseline: Baseline) -> None:
+    """The suite's test on the guest's phase probe (deadline from apply()'s return, as above): no link
+    lost a packet across the change, every other link kept 2 ms, 1 -> 0 kept 2 ms while its echoes
+    crossing 0 -> 1 took 30 ms."""
+    obs, samples, _, returned = phase_run
+    for link in suite.EVERY:
+        seen = obs.links[link]
+        assert seen.lost == 0, f"{link} lost {seen.lost} of {seen.packets} packets across the change"
+        if link == (0, 1):
+            continue
+        row = check_delay(link, delay_model(state_at(suite.PHASED, suite.N, 0.0).links[link]), seen.one_way,
+                          baseline.one_way_mean_us, samples=seen.one_way_samples,
+                          host_stalls=stalled_fraction(state_at(suite.PHASED, suite.N, 0.0), obs))
+        judged(row)
+    after = [s for s in samples[(1, 0)] if s.send_wall > returned + suite.PHASE_DEADLINE_S]
+    assert after and statistics.median(s.forward_us for s in after) < 30000 / 2
+    assert min(s.back_us for s in after) > 30000 / 2
+
+
+@pytest.mark.parametrize("link, rate", GUEST_RATES, ids=["10mbit", "20mbit", "40mbit"])
+def test_rate(cluster: NamespaceCluster, shaper: Shaper, rates: dict[tuple[int, int], Any],  # noqa: F811
+              link: tuple[int, int], rate: float) -> None:
+    """The suite's test_rate at rates the emulated path can carry (see :data:`GUEST_RATES`)."""
+    suite.test_rate(cluster, shaper, rates, link, rate)
 
 
 def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shaper: Shaper) -> None:
@@ -145,8 +283,10 @@ def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shape
 @pytest.mark.parametrize("profile", CALIBRATED)
 def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str) -> None:
     shaper.close()  # the suite is done with it; calibrate() opens its own on the same hosts
+    # quick everywhere but on lossy-1pct: its loss check asks the full resolution whatever the plan's
+    # quick count (997 packets crossed, 3119 needed, measured), so that one probes as many as it needs
     report = calibration_runner.calibrate(profile, workers=suite.N, backend="netem", pairs=CALIBRATED_PAIRS,
-                                          quick=True, cluster=cluster)  # type: ignore[arg-type]
+                                          quick=profile != "lossy-1pct", cluster=cluster)  # type: ignore[arg-type]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"calibration-{profile}.json").write_text(report.to_json())
     assert report.backend == "netem" and not report.errors, report.format()

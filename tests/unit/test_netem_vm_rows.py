@@ -1,0 +1,48 @@
+"""Which host [netem] rows the netem VM's rows stand for (tests/netem_vm/rows.py): pure rules, no VM."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.netem_vm.rows import GUEST_TESTS, RESTATED, guest_row, is_netem_row, stand_ins, vm_item
+
+B = "tests/integration/test_shaping_backends.py::"
+C = "tests/integration/test_shaping_conformance.py::"
+HOST = [B + "test_duplication[netem]", B + "test_duplication[nfqueue]", C + "test_delay_mean[netem-1ms]",
+        C + "test_delay_mean[nfqueue-1ms]", B + "test_delay_of_a_link[netem]"]
+VM = [vm_item(guest_row(n)) for n in HOST if is_netem_row(n)]
+
+
+@pytest.fixture(autouse=True)
+def _vm_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SQUALL_NETEM_VM", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+
+
+def test_netem_rows_are_told_from_others() -> None:
+    assert [n for n in HOST if is_netem_row(n)] == [HOST[0], HOST[2], HOST[4]]
+    assert not is_netem_row("tests/integration/test_calibration.py::test_x[netem]")  # not a file the VM covers
+
+
+def test_guest_rows_keep_names_or_are_restated() -> None:
+    assert guest_row(B + "test_duplication[netem]") == B + "test_duplication[netem]"
+    guest = "tests/netem_vm/guest_conformance.py::"
+    assert guest_row(C + "test_delay_mean[netem-1ms]") == guest + "test_delay_mean[netem-1ms]"
+    assert guest_row(B + "test_delay_of_a_link[netem]") == RESTATED[B + "test_delay_of_a_link[netem]"]
+    assert all(g in GUEST_TESTS for g in RESTATED.values())
+    name = GUEST_TESTS[0].split("::")[1]
+    assert vm_item(GUEST_TESTS[0]) == f"tests/integration/test_netem_vm.py::test_in_the_netem_vm[{name}]"
+
+
+def test_the_vm_stands_in_only_on_a_kernel_without_netem_and_only_where_its_row_runs() -> None:
+    assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
+    assert stand_ins(HOST + VM, netem_here=True) == []  # a netem host runs them natively
+    assert stand_ins(HOST, netem_here=False) == []  # the VM's rows are not selected: nothing stands in
+    assert stand_ins(HOST + VM[:1], netem_here=False) == [HOST[0]]  # only the row whose VM row runs
+
+
+def test_switched_off_on_a_laptop_but_not_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SQUALL_NETEM_VM", "0")
+    assert stand_ins(HOST + VM, netem_here=False) == []
+    monkeypatch.setenv("CI", "true")
+    assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
