@@ -1,19 +1,20 @@
 """The netem backend on a real netem kernel: Debian's 6.1 kernel under QEMU, its results as tests here.
 
-This host's kernel has no ``sch_netem``, so the netem backend's tests skip here; a stock distribution
-kernel has it. ``scripts/netem-vm/run.sh`` boots one under QEMU TCG (DESIGN.md section 7; the
-kernel is fetched with ``apt-get download`` and cached in ``.cache/netem-vm``, never committed) with
-this checkout shared read-only, and the guest runs the netem tests of ``test_shaping_backends`` and
-the conformance suite plus calibrations (``tests/netem_vm/guest_conformance.py``). The VM runs once
-per session (8-12 minutes on a 2-core host, holding the QEMU lock, and the benchmark lock when it
-can be had, see :func:`guest`); each guest test then becomes one test here with
-the guest's outcome: passed, failed (with the guest's failure text) or skipped (with its reason).
+This host's kernel has no ``sch_netem``; a stock distribution kernel has it.
+``scripts/netem-vm/run.sh`` boots one under QEMU TCG (DESIGN.md section 7; the kernel is fetched
+with ``apt-get download`` and cached in ``.cache/netem-vm``, never committed) with this checkout
+shared read-only, and the guest runs every netem test of ``test_shaping_backends`` and the
+conformance suite (``tests/netem_vm/rows.py`` lists them, some restated for TCG) plus calibrations.
+The VM runs once per session (9-10 minutes on a 2-core host, holding the QEMU lock, and the
+benchmark lock when it can be had, see :func:`guest`); each guest test then becomes one test here
+with the guest's outcome: passed, failed (with the guest's failure text) or skipped (with its reason).
 
-It runs only with ``SQUALL_NETEM_VM=1`` (``make test-netem`` sets it): a run takes 8-12 min on a
-2-core host, and on the shared machine it was written on no full run could be validated yet (see
-the README's testing section). With it, under ``CI=true`` anything that keeps the VM from running
-(no root, no QEMU or kernel package to be had from apt, a VM that dies) is a failure; elsewhere it
-skips. A VM killed at its time limit fails every guest test that did not run.
+It is part of ``make test``; ``SQUALL_NETEM_VM=0`` leaves it out on a laptop (ignored under
+``CI=true``). Under ``CI=true`` anything that keeps the VM from running (no root, no QEMU or kernel
+package to be had from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its
+time limit fails every guest test that did not run. On a kernel without netem the host's own
+``[netem]`` rows are deselected where these rows stand for them (``tests/conftest.py``), which
+:func:`test_every_host_netem_test_has_a_guest_row` keeps honest.
 """
 
 from __future__ import annotations
