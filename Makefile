@@ -45,10 +45,11 @@ integration: image
 test-netem: venv
 	@$(VENV)/bin/pytest -rA tests/integration/test_netem_vm.py $(PYTEST_ARGS)
 
-# The swarm engine on a one-node swarm here (docs/swarm.md); the two-node Docker-in-Docker test is not built yet.
+# The swarm engine (docs/swarm.md): a one-node swarm here, then two Docker-in-Docker nodes joined as workers
+# (both also run in make test).
 .PHONY: test-swarm
 test-swarm: image
-	@$(VENV)/bin/pytest tests/integration/test_swarm_engine.py tests/unit/test_swarm_engine_wire.py tests/unit/test_cluster_backend.py $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/integration/test_swarm_engine.py tests/integration/test_swarm_two_nodes.py tests/unit/test_swarm_engine_wire.py tests/unit/test_swarm_dind.py tests/unit/test_cluster_backend.py $(PYTEST_ARGS)
 
 matrix: image
 	@$(SQUALL) matrix matrices/full.yaml --report results/matrix
