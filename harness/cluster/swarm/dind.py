@@ -36,6 +36,7 @@ from harness.cluster.engine import ENGINE_ERRORS
 from harness.cluster.errors import ClusterError
 from harness.cluster.image import REPO_ROOT
 from harness.cluster.ownership import LABEL_RUN, Owner, new_run_id, state_root
+from harness.cluster.spec import SWARM
 from harness.cluster.swarm import membership
 from harness.cluster.swarm.dind_image import ensure_node_image
 
@@ -45,6 +46,7 @@ LABEL_ROLE = "squall.role"
 ROLE = "dind-node"
 PREFIX = "squall-dind"
 MAX_NODES = 8
+SWARM_CLI = SWARM  # the docker CLI's subcommand has the engine's name
 #: The nodes' engines put their containers' cgroups under their own container's (see the entrypoint).
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Linux capability names by bit number (linux/capability.h), as Docker's --cap-add takes them; up to
@@ -223,7 +225,7 @@ class DindNodes:
         manager = info.get("NodeAddr")
         token = self.client.swarm.attrs["JoinTokens"]["Worker"]
         for name, hostname in zip(self.names, self.hostnames, strict=True):
-            self.exec(name, ["docker", "swarm", "join", "--token", token, "--advertise-addr",
+            self.exec(name, ["docker", SWARM_CLI, "join", "--token", token, "--advertise-addr",
                              self.addresses[hostname], f"{manager}:2377"], timeout=self.spec.ready_timeout_s)
         deadline = time.monotonic() + self.spec.ready_timeout_s
         pending = set(self.hostnames)
@@ -299,7 +301,7 @@ def remove_run(client: Any, run_id: str, *, hostnames: Sequence[str] = ()) -> li
     for c in containers:  # leaving first lets the manager see them go at once
         if c.status == "running":
             with contextlib.suppress(*ENGINE_ERRORS, OSError, subprocess.SubprocessError):
-                subprocess.run(["docker", "exec", c.name, "docker", "swarm", "leave", "--force"],
+                subprocess.run(["docker", "exec", c.name, "docker", SWARM_CLI, "leave", "--force"],
                                capture_output=True, timeout=30, check=False)
     for c in containers:
         try:
