@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from harness.cluster import Cluster, ClusterSpec
 from harness.profiles import load_profile
 from harness.shaping import open_shaper, state_at
 from protocols.baselines.protocol import ALLREDUCE_JOB as GLOO_ALLREDUCE_JOB
-from protocols.collectives.compressed_bench import ALGORITHMS
+from protocols.collectives.compressed_bench import ALGORITHMS, CompressedBenchConfig
 from protocols.collectives.cost import LinkModel, ring_time
 
 logger = logging.getLogger("bench.compression")
@@ -62,11 +62,13 @@ RunJob = Callable[[str, dict[str, Any], float], list[tuple[dict[str, Any], list[
 
 
 def measure(run: RunJob, n: int, profile: str, sizes: Sequence[int], *, link: LinkModel, algorithms: Sequence[str],
-            repetitions: int, ports: Iterator[int], gloo: bool = True) -> list[dict[str, Any]]:
-    """Every size and algorithm on one shaped cluster; rows."""
+            repetitions: int, ports: Iterator[int], gloo: bool = True,
+            settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every size and algorithm on one shaped cluster; rows. ``settings``: the compressors' (ratio, arc_ratio, ...)."""
     timeout = 120.0 + 3 * (repetitions + 1) * len(algorithms) * sum(ring_time(n, s, link) + 0.5 for s in sizes)
     config = {"sizes": list(sizes), "algorithms": list(algorithms), "repetitions": repetitions, "warmup": 1,
-              "port": PORT + next(ports) % 100, "timeout": max(60.0, 20 * ring_time(n, max(sizes), link))}
+              "port": PORT + next(ports) % 100, "timeout": max(60.0, 20 * ring_time(n, max(sizes), link)),
+              **(settings or {})}
     results = run(ENTRY, config, timeout)
     gloo_rows: dict[int, float] = {}
     if gloo:
@@ -98,7 +100,8 @@ def measure(run: RunJob, n: int, profile: str, sizes: Sequence[int], *, link: Li
 
 
 def docker_rows(workers: int, profiles: Sequence[str], sizes: Sequence[int], algorithms: Sequence[str],
-                *, repetitions: int, backend: str | None) -> Iterator[dict[str, Any]]:
+                *, repetitions: int, backend: str | None,
+                settings: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """One cluster of ``workers``; each profile shaped in turn."""
     ports = itertools.count()
     with Cluster(ClusterSpec(workers=workers, cpus=1.0, memory="1g")) as cluster:
@@ -113,14 +116,14 @@ def docker_rows(workers: int, profiles: Sequence[str], sizes: Sequence[int], alg
                 shaper.apply(state)
                 link = link_of(state)
                 yield from measure(run, workers, name, sizes, link=link, algorithms=algorithms,
-                                   repetitions=repetitions, ports=ports)
+                                   repetitions=repetitions, ports=ports, settings=settings)
                 shaper.check()
         finally:
             shaper.close()
 
 
 def loopback_rows(workers: int, sizes: Sequence[int], algorithms: Sequence[str],
-                  repetitions: int) -> Iterator[dict[str, Any]]:
+                  repetitions: int, settings: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """Every rank a local ``python -m protocols.worker`` on 127.0.0.x (no gloo, no shaping)."""
     peers = [f"127.0.0.{i + 1}" for i in range(workers)]
 
@@ -145,7 +148,7 @@ def loopback_rows(workers: int, sizes: Sequence[int], algorithms: Sequence[str],
             return out
 
     yield from measure(run, workers, "loopback", sizes, link=LOOPBACK, algorithms=algorithms,
-                       repetitions=repetitions, ports=itertools.count(), gloo=False)
+                       repetitions=repetitions, ports=itertools.count(), gloo=False, settings=settings)
 
 
 def _ratio(value: float | None) -> str:
@@ -191,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="thin-20mbit,thin-100mbit", help="comma-separated profiles")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help=f"subset of {','.join(ALGORITHMS)}")
     parser.add_argument("--repetitions", type=int, default=5, help="timed calls per size and algorithm [5]")
+    parser.add_argument("--ratio", type=float, default=0.01, help="Top-K and Rand-K fraction of coordinates [0.01]")
+    parser.add_argument("--arc-ratio", type=float, default=0.05, help="ARC-Top-K fraction of rows [0.05]")
+    parser.add_argument("--arc-rank", type=int, default=4, help="ARC-Top-K sketch rank [4]")
+    parser.add_argument("--arc-cols", type=int, default=256, help="columns of ARC-Top-K's matrix view [256]")
     parser.add_argument("--loopback", action="store_true", help="local processes on 127.0.0.x, no Docker/shaping")
     parser.add_argument("--backend", choices=("netem", "nfqueue"), help="shaping backend (default: netem if any)")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -206,12 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     if "dense" not in algorithms:
         algorithms.insert(0, "dense")  # every ratio is against it
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    settings = {"ratio": args.ratio, "arc_ratio": args.arc_ratio, "arc_rank": args.arc_rank, "arc_cols": args.arc_cols}
+    try:
+        CompressedBenchConfig.from_json(settings)  # a bad value is refused here, naming the option, not in a worker
+    except ValueError as exc:
+        parser.error(f"--{str(exc).replace('_', '-')}")  # "--arc-ratio = 0.0 must be in (0, 1]"
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     for workers in (int(w) for w in args.workers.split(",")):
-        cells = (loopback_rows(workers, sizes, algorithms, args.repetitions) if args.loopback
+        cells = (loopback_rows(workers, sizes, algorithms, args.repetitions, settings) if args.loopback
                  else docker_rows(workers, profiles, sizes, algorithms, repetitions=args.repetitions,
-                                  backend=args.backend))
+                                  backend=args.backend, settings=settings))
         rows.extend(cells)
     elapsed = time.monotonic() - started
     print(table(rows))
