@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -148,11 +149,14 @@ class DindNodes:
         self.client.networks.create(self.network_name, driver="bridge", labels=self.labels, check_duplicate=True)
         for name, hostname in zip(self.names, self.hostnames, strict=True):
             api = self.client.api
+            binds = {str(REPO_ROOT): {"bind": str(REPO_ROOT), "mode": "ro"}}
+            v2 = os.path.exists(f"{CGROUP_ROOT}/cgroup.controllers")
+            if not v2:  # v1: the host's hierarchy, the node's engine nests under the node's own group
+                binds[CGROUP_ROOT] = {"bind": CGROUP_ROOT, "mode": "rw"}
             host_config = api.create_host_config(
                 init=True, network_mode=self.network_name, cap_add=host_capabilities(),
-                security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-                binds={str(REPO_ROOT): {"bind": str(REPO_ROOT), "mode": "ro"},
-                       CGROUP_ROOT: {"bind": CGROUP_ROOT, "mode": "rw"}},
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"], binds=binds,
+                cgroupns="private" if v2 else None,
             )
             # what `--security-opt systempaths=unconfined` does: the node's engine mounts a fresh /proc
             # in each of its containers, which the kernel refuses while parts of this one are masked
