@@ -294,5 +294,11 @@ def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile
     # to judge skips the test with its reason, but only once no row failed.
     failed = [r for r in report.rows if r.verdict == CalibrationOutcome.FAILED]
     assert not failed, report.format()
+    # A rate of 1 Gbit/s or more that the report calls host-limited (the emulated path carried less
+    # than that unlimited: 220-610 Mbit/s measured) is not verified, and says so in the report; as
+    # the suite's test_rate at 1 Gbit/s, it does not fail the test (thin-20mbit's rate rows judge the
+    # netem rate limit here). Every other row must pass.
     for row in report.rows:
+        if row.verdict == CalibrationOutcome.HOST_LIMITED and row.metric == "rate" and row.configured >= 1000:
+            continue
         judged(row)

@@ -59,8 +59,6 @@ GUEST_TESTS = (
     _G + "test_loss_inside_the_99_percent_binomial_region[netem-1pct]",
     _G + "test_loss_inside_the_99_percent_binomial_region[netem-10pct]",
     _G + "test_rate[netem-10mbit]",
-    _G + "test_rate[netem-20mbit]",
-    _G + "test_rate[netem-40mbit]",
     _G + "test_ping_rtt_is_the_sum_of_both_directions[netem-20+20ms]",
     _G + "test_ping_rtt_is_the_sum_of_both_directions[netem-50+10ms]",
     _G + "test_iperf3_gets_the_link_rate[netem-tcp]",

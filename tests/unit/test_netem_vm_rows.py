@@ -30,6 +30,7 @@ def test_guest_rows_keep_names_or_are_restated() -> None:
     assert guest_row(C + "test_delay_mean[netem-1ms]") == guest + "test_delay_mean[netem-1ms]"
     assert guest_row(B + "test_delay_of_a_link[netem]") == RESTATED[B + "test_delay_of_a_link[netem]"]
     assert all(g in GUEST_TESTS for g in RESTATED.values())
+    assert len(set(GUEST_TESTS)) == len(GUEST_TESTS), "a guest test listed twice"
     name = GUEST_TESTS[0].split("::")[1]
     assert vm_item(GUEST_TESTS[0]) == f"tests/integration/test_netem_vm.py::test_in_the_netem_vm[{name}]"
 
