@@ -40,10 +40,10 @@ integration: image
 	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
 # The netem backend on a netem kernel: a Debian kernel under QEMU TCG runs its suites (scripts/netem-vm/);
-# each guest test is a test of tests/integration/test_netem_vm.py. make test runs it too (SQUALL_NETEM_VM=0
-# leaves it out on a laptop; ignored under CI=true); this target runs it alone.
+# each guest test is a test of tests/integration/test_netem_vm.py (9-12 min; not yet in make test: no full
+# run has passed beside a CPU-bound process on a 2-core host, see the README's testing section).
 test-netem: venv
-	@$(VENV)/bin/pytest -rA tests/integration/test_netem_vm.py $(PYTEST_ARGS)
+	@SQUALL_NETEM_VM=1 $(VENV)/bin/pytest -rA tests/integration/test_netem_vm.py $(PYTEST_ARGS)
 
 # The swarm engine (docs/swarm.md): a one-node swarm here, then two Docker-in-Docker nodes joined as workers
 # (both also run in make test).

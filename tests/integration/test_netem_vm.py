@@ -9,9 +9,10 @@ The VM runs once per session (9-10 minutes on a 2-core host, holding the QEMU lo
 benchmark lock when it can be had, see :func:`guest`); each guest test then becomes one test here
 with the guest's outcome: passed, failed (with the guest's failure text) or skipped (with its reason).
 
-It is part of ``make test``; ``SQUALL_NETEM_VM=0`` leaves it out on a laptop (ignored under
-``CI=true``). Under ``CI=true`` anything that keeps the VM from running (no root, no QEMU or kernel
-package to be had from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its
+It runs with ``SQUALL_NETEM_VM=1`` (``make test-netem``); it is not yet part of ``make test``, because
+no full run has passed beside a CPU-bound process on the 2-core host it was written on (see the
+README's testing section). With it, under ``CI=true`` anything that keeps the VM from running (no
+root, no QEMU or kernel package to be had from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its
 time limit fails every guest test that did not run. On a kernel without netem the host's own
 ``[netem]`` rows are deselected where these rows stand for them (``tests/conftest.py``), which
 :func:`test_every_host_netem_test_has_a_guest_row` keeps honest.
@@ -75,8 +76,8 @@ def _exclusive(path: str, *, wait_s: float | None, skip: bool = False) -> Iterat
 def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Name: guest. Scope: module. Boots the VM once; the guest's outcome per test id (progress.jsonl)."""
     if vm_switched_off():
-        pytest.skip(f"the netem VM is switched off by {SWITCH}=0 (ignored under CI=true); the host's own [netem] "
-                    "rows then run (or skip on a kernel without netem)")
+        pytest.skip(f"the netem VM runs with {SWITCH}=1 (make test-netem), not yet in make test; the host's own "
+                    "[netem] rows run instead (or skip on a kernel without netem)")
     if os.geteuid() != 0:
         _unable("needs root (QEMU packages from apt, namespaces, tc in the guest)")
     out = tmp_path_factory.mktemp("netem-vm")

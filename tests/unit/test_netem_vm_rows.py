@@ -35,15 +35,22 @@ def test_guest_rows_keep_names_or_are_restated() -> None:
     assert vm_item(GUEST_TESTS[0]) == f"tests/integration/test_netem_vm.py::test_in_the_netem_vm[{name}]"
 
 
-def test_the_vm_stands_in_only_on_a_kernel_without_netem_and_only_where_its_row_runs() -> None:
+def test_the_vm_stands_in_only_on_a_kernel_without_netem_and_only_where_its_row_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SQUALL_NETEM_VM", "1")
     assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
     assert stand_ins(HOST + VM, netem_here=True) == []  # a netem host runs them natively
     assert stand_ins(HOST, netem_here=False) == []  # the VM's rows are not selected: nothing stands in
     assert stand_ins(HOST + VM[:1], netem_here=False) == [HOST[0]]  # only the row whose VM row runs
 
 
-def test_switched_off_on_a_laptop_but_not_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SQUALL_NETEM_VM", "0")
-    assert stand_ins(HOST + VM, netem_here=False) == []
-    monkeypatch.setenv("CI", "true")
+def test_the_vm_runs_only_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value in (None, "0", "yes"):  # opt-in (make test-netem), also under CI=true: not yet in make test
+        if value is None:
+            monkeypatch.delenv("SQUALL_NETEM_VM", raising=False)
+        else:
+            monkeypatch.setenv("SQUALL_NETEM_VM", value)
+        monkeypatch.setenv("CI", "true")
+        assert stand_ins(HOST + VM, netem_here=False) == []  # nothing deselected: the host rows run (or skip)
+    monkeypatch.setenv("SQUALL_NETEM_VM", "1")
     assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
