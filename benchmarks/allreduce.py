@@ -108,12 +108,13 @@ def bound_s(algorithm: str, variant: str | None, n: int, nbytes: int, link: Link
 
 @dataclass(frozen=True)
 class Plan:
-    """How many calls each size gets, and in how many alternating rounds."""
+    """How many calls each size gets, in how many alternating rounds, and our ring's chunk size."""
 
     repetitions: int  # at most this many timed calls per (size, algorithm), all rounds together
     budget_s: float  # aim for this much timed work per (size, algorithm)
     warmup: int  # untimed calls before each round's (1 for sizes whose model time exceeds 1 s)
     rounds: int = 2  # ours, gloo, gloo, ours, ...: a drifting background load hits both alike
+    chunk_bytes: int | None = None  # our ring's pipelining chunk (None: the collectives' own default)
 
     def counts(self, n: int, nbytes: int, link: LinkModel) -> tuple[int, int]:
         """``(warmup, timed calls per round)`` for one size."""
@@ -160,6 +161,8 @@ def measure_cell(run: RunJob, n: int, profile: str, sizes: Sequence[int], *, lin
                 else:
                     config = {**common, "port": OURS_PORT + next(ports) % 200,
                               "link": {"alpha": link.alpha, "bandwidth": link.bandwidth}}
+                    if plan.chunk_bytes is not None:
+                        config["chunk_bytes"] = plan.chunk_bytes
                     if paired:
                         config.update(algorithms=["ring", "butterfly", "gloo"], gloo_port=GLOO_PORT + next(ports) % 200,
                                       repetitions=reps * plan.rounds)
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=6.0, help="seconds of timed calls per size and algorithm [6]")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of ours and gloo per size [2]")
     parser.add_argument("--quick", action="store_true", help="one round, 3 timed calls after 1 warm-up, 2 s budget")
+    parser.add_argument("--chunk-bytes", help="our ring's (and butterfly's) chunk, e.g. 512KB [their own rule]")
     parser.add_argument("--paired", action="store_true",
                         help="time gloo inside our job, call by call between ours, instead of in its own job")
     parser.add_argument("--loopback", action="store_true", help="local processes on 127.0.0.x, no Docker/shaping")
@@ -327,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    plan = (Plan(repetitions=3, budget_s=2.0, warmup=1, rounds=1) if args.quick
-            else Plan(args.repetitions, args.budget, 2, rounds=args.rounds))
+    chunk = None if args.chunk_bytes is None else parse_size(args.chunk_bytes)
+    plan = (Plan(repetitions=3, budget_s=2.0, warmup=1, rounds=1, chunk_bytes=chunk) if args.quick
+            else Plan(args.repetitions, args.budget, 2, rounds=args.rounds, chunk_bytes=chunk))
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
