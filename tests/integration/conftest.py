@@ -21,3 +21,12 @@ def labelled(client: Any, run_id: str) -> tuple[list[Any], list[Any]]:
     """Containers and networks that carry ``squall.run=<run_id>``."""
     flt = {"label": f"squall.run={run_id}"}
     return client.containers.list(all=True, filters=flt), client.networks.list(filters=flt)
+
+
+@pytest.fixture(scope="module")
+def swarm_before(docker_client: Any) -> str:
+    """Name: swarm_before. Scope: module. Depends: docker_client. The engine's swarm state before any
+    test of the module (the swarm tests check they leave it as found: tests/integration/swarm_checks.py)."""
+    from harness.cluster.swarm.membership import swarm_state
+
+    return swarm_state(docker_client)

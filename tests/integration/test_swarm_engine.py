@@ -25,38 +25,16 @@ from harness.cluster import ClusterSpec
 from harness.cluster.backend import open_cluster
 from harness.cluster.gc import collect
 from harness.cluster.swarm.cluster import SwarmCluster
-from harness.cluster.swarm.membership import GWBRIDGE, swarm_state
 from harness.profiles import load_profile
 from harness.shaping import state_at
+from tests.integration.swarm_checks import leftovers, swarm_as_before
+from tests.timing import retrying
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 SWARM = "swarm"
 
-
-def leftovers(client: Any, run_id: str) -> dict[str, list[str]]:
-    """Everything of the run the engine still holds."""
-    flt = {"label": f"squall.run={run_id}"}
-    out = {"containers": [c.name for c in client.containers.list(all=True, filters=flt)],
-           "networks": [n.name for n in client.networks.list(filters=flt)]}
-    if swarm_state(client) == "active":
-        out["services"] = [s.name for s in client.services.list(filters=flt)]
-        out["secrets"] = [s.name for s in client.secrets.list(filters=flt)]
-    return {k: v for k, v in out.items() if v}
-
-
-def swarm_as_before(client: Any, before: str) -> None:
-    """The engine's swarm state is what it was before the test; a swarm Squall made left no gwbridge."""
-    assert swarm_state(client) == before
-    if before != "active":
-        assert not [n for n in client.networks.list(names=[GWBRIDGE]) if n.name == GWBRIDGE]
-
-
-@pytest.fixture(scope="module")
-def swarm_before(docker_client: Any) -> str:
-    """The engine's swarm state before any test of this module."""
-    return swarm_state(docker_client)
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +99,19 @@ def test_shaping_through_the_node_agent_is_all_or_nothing(swarm4: SwarmCluster) 
                                                          ("lossy-1pct", False, [(0, 1), (3, 2)])])
 def test_calibration_through_the_node_agent(swarm4: SwarmCluster, profile: str, quick: bool,
                                             pairs: list[tuple[int, int]]) -> None:
-    report = calibrate(profile, workers=4, cluster=swarm4, quick=quick, pairs=pairs)
-    logger.info("%s", report.format())
-    busy = [r for r in report.rows if r.verdict == "unknown" and "too busy" in r.why]
-    if busy and not report.passed() and all(r.verdict == "passed" for r in report.rows if r not in busy):
-        pytest.skip(f"the host was too busy to judge {len(busy)} checks (every other check passed):\n"
-                    + report.format())
-    assert report.passed(), report.format()
-    assert {r.metric for r in report.rows} >= {"delay", "loss"}
+    def measure() -> None:
+        report = calibrate(profile, workers=4, cluster=swarm4, quick=quick, pairs=pairs)
+        logger.info("%s", report.format())
+        busy = [r for r in report.rows if r.verdict == "unknown" and "too busy" in r.why]
+        if busy and not report.passed() and all(r.verdict == "passed" for r in report.rows if r not in busy):
+            pytest.skip(f"the host was too busy to judge {len(busy)} checks (every other check passed):\n"
+                        + report.format())
+        assert report.passed(), report.format()
+        assert {r.metric for r in report.rows} >= {"delay", "loss"}
+
+    # Once, a busy host stalled a fifth of the probes and moved the delay's median 0.04 ms past its
+    # bound (5.54 ms for 5 +- 0.5): measured again while a real-time canary watches, as tests.timing does.
+    retrying(measure, f"calibration of {profile} through the node agent")
 
 
 def test_churn_kill_restart_pause_disconnect(docker_client: Any, worker_image: str) -> None:

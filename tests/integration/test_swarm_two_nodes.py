@@ -30,37 +30,12 @@ from harness.cluster.gc import collect
 from harness.cluster.swarm.agent_image import ensure_agent_image
 from harness.cluster.swarm.cluster import SwarmCluster, SwarmNode
 from harness.cluster.swarm.dind import ROLE, DindNodes, DindSpec
-from harness.cluster.swarm.membership import GWBRIDGE, swarm_state
+from tests.integration.swarm_checks import leftovers, swarm_as_before
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 
-
-def leftovers(client: Any, run_id: str) -> dict[str, list[str]]:
-    """Everything of the run the engine still holds, swarm node entries included."""
-    flt = {"label": f"squall.run={run_id}"}
-    out = {"containers": [c.name for c in client.containers.list(all=True, filters=flt)],
-           "networks": [n.name for n in client.networks.list(filters=flt)]}
-    if swarm_state(client) == "active":
-        out["services"] = [s.name for s in client.services.list(filters=flt)]
-        out["secrets"] = [s.name for s in client.secrets.list(filters=flt)]
-        nodes = client.nodes.list(filters={"node.label": f"squall.run={run_id}"})
-        out["nodes"] = [n.attrs["Description"]["Hostname"] for n in nodes]
-    return {k: v for k, v in out.items() if v}
-
-
-def swarm_as_before(client: Any, before: str) -> None:
-    """The engine's swarm state is what it was; a swarm Squall made left no gwbridge behind."""
-    assert swarm_state(client) == before
-    if before != "active":
-        assert not [n for n in client.networks.list(names=[GWBRIDGE]) if n.name == GWBRIDGE]
-
-
-@pytest.fixture(scope="module")
-def swarm_before(docker_client: Any) -> str:
-    """The engine's swarm state before any test of this module."""
-    return swarm_state(docker_client)
 
 
 # first in the file: the module's cluster is not up yet, so the holder's node gets no agent task
