@@ -63,8 +63,18 @@ GUEST_TUNING="${NETEM_VM_GUEST_TUNING-mitigations=off clocksource=tsc tsc=reliab
 NICE=()
 if [ "$(id -u)" = "0" ]; then
     NICE=(nice -n "${NETEM_VM_NICE:--20}")
+    # With scheduler autogroups (sched_autogroup_enabled=1, most desktop and many server kernels) a nice
+    # value weighs only against the same session's tasks: a CPU-bound process of another session gets as
+    # much CPU as the whole VM. So the session's autogroup gets the nice value too, but only when this
+    # script leads a session of its own (tests/integration/test_netem_vm.py starts it so), never a
+    # user's login session.
+    if [ "$(awk '{print $6}' /proc/$$/stat)" = "$$" ] && [ -w /proc/self/autogroup ]; then
+        echo "${NETEM_VM_NICE:--20}" >/proc/self/autogroup 2>/dev/null || log "cannot set the autogroup's nice"
+    fi
 fi
-timeout --kill-after=10 "$TIMEOUT" "${NICE[@]}" qemu-system-x86_64 \
+# --foreground: QEMU stays in this process group, so whoever ends the group (Ctrl-C, the test's
+# clean-up) ends QEMU too.
+timeout --foreground --kill-after=10 "$TIMEOUT" "${NICE[@]}" qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu "${NETEM_VM_CPU:-max}" -smp "${NETEM_VM_SMP:-2}" -m "${NETEM_VM_MEM:-2048}" \
     -nographic -no-reboot -nodefaults -serial stdio -monitor none \
     -kernel "$VMLINUZ" -initrd "$INITRD" \

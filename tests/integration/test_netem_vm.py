@@ -24,8 +24,10 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,12 +36,16 @@ from typing import Any
 import pytest
 
 from harness.cluster.engine import in_ci
+from tests.netem_vm.host_watch import QemuWatch, starvation
 from tests.netem_vm.rows import GUEST_TESTS, HOST_FILES, SWITCH, guest_row, is_netem_row, vm_switched_off
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "scripts" / "netem-vm" / "run.sh"
 VM_TIMEOUT_S = 720  # the VM's own limit (run.sh kills it); the test's is a little longer
 QEMU_LOCK, BENCH_LOCK = "/tmp/squall-qemu.lock", "/tmp/squall-bench.lock"
+#: A guest's "too busy" is accepted only when a virtual CPU thread of QEMU waited at least this share of the
+#: test's time for a host CPU (tests/netem_vm/host_watch.py); else the skip is a failure.
+STARVED_SHARE = 0.05
 BENCH_WAIT_S = float(os.environ.get("SQUALL_NETEM_VM_BENCH_WAIT_S", "120"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(VM_TIMEOUT_S + 400)]  # whichever test boots the VM
 def _unable(why: str) -> None:
@@ -94,8 +100,8 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
             _exclusive(BENCH_LOCK, wait_s=BENCH_WAIT_S, skip=held) as bench:
         if not bench:
             env["NETEM_VM_NICE"] = "0"
-        proc = subprocess.run(["bash", str(RUN)], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=VM_TIMEOUT_S + 300, check=False)  # + preparing: apt, kernel, initramfs
+        returncode, stderr, watch = _run_vm(env)
+    watch.save(out / "host_sched.jsonl")
     rows: dict[str, dict[str, Any]] = {}
     progress = out / "progress.jsonl"
     if progress.exists():
@@ -105,8 +111,35 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
                 rows[row["test"]] = row
     if not rows:
         console = (out / "console.log").read_text(errors="replace")[-2000:] if (out / "console.log").exists() else ""
-        _unable(f"run.sh exited {proc.returncode} and the guest reported no test:\n{proc.stderr[-3000:]}\n{console}")
+        _unable(f"run.sh exited {returncode} and the guest reported no test:\n{stderr[-3000:]}\n{console}")
+    # The guest's clock is set from the host's RTC at boot (whole seconds); the share's file times are the
+    # host's: the last line's write time puts the guest's wall times on the host's clock.
+    offset = progress.stat().st_mtime - max(float(r.get("wall", 0.0)) for r in rows.values())
+    for row in rows.values():
+        if "wall" in row:
+            end = float(row["wall"]) + offset
+            row["host_starved"] = starvation(watch.samples, end - float(row["duration_s"]), end)
+    (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
+
+
+def _run_vm(env: dict[str, str]) -> tuple[int, str, QemuWatch]:
+    """run.sh in a session of its own (its own scheduler autogroup, whose nice run.sh lowers, and one
+    process group to end on any way out: a test timeout, Ctrl-C), with QEMU's run-queue waits watched.
+    Returns its exit code, its stderr and the watch."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(["bash", str(RUN)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            with QemuWatch(proc.pid) as watch:
+                returncode = proc.wait(timeout=VM_TIMEOUT_S + 300)  # + preparing: apt, kernel, initramfs
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        err.seek(0)
+        return returncode, err.read(), watch
 
 
 def test_the_guest_ran_exactly_the_listed_tests(guest: dict[str, dict[str, Any]]) -> None:
@@ -133,5 +166,11 @@ def test_in_the_netem_vm(guest: dict[str, dict[str, Any]], test_id: str) -> None
     row = guest.get(test_id)
     assert row is not None, f"{test_id} did not run in the guest"
     if row["outcome"] == "skipped":
-        pytest.skip(f"in the netem VM: {row['text']}")
+        waited, ran = row.get("host_starved", (0.0, 0.0))
+        host = (f"QEMU's busiest virtual CPU thread waited for a host CPU {100 * waited:.1f} % of that time "
+                f"(ran {100 * ran:.0f} %)")
+        if waited >= STARVED_SHARE:
+            pytest.skip(f"in the netem VM: {row['text']} [the host starved the VM: {host}]")
+        pytest.fail(f"in the netem VM the guest called the host too busy, but the host was not: {host}, less "
+                    f"than {100 * STARVED_SHARE:g} %; the guest cannot judge this check as it stands:\n{row['text']}")
     assert row["outcome"] == "passed", f"in the netem VM ({row['when']}):\n{row['text']}"

@@ -190,10 +190,18 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     obs = suite._judgeable(state, lambda: run_udp(cluster, suite.EVERY, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
                                                   rate_pps=suite.RATE_PPS, wait_s=0.9)[0], shaper)
     stalled = stalled_fraction(state, obs)
+    _record("mixed", stalled=stalled)
     if stalled > MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
                     f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
     return obs
+
+
+def _record(probe: str, **figures: Any) -> None:
+    """One line of what a shared probe measured (``guest_probes.jsonl``): the figures behind a skip or a pass."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "guest_probes.jsonl").open("a") as f:
+        f.write(json.dumps({"probe": probe, "wall": round(time.time(), 3), **figures}) + "\n")
 
 
 PHASE_PROBE_S = 4.0  # the suite's 2.5 s, longer: the change (applied at 1 s) may take ~1.5 s under TCG
@@ -225,6 +233,7 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
             break
     best = min(tries, key=lambda t: stalled_fraction(before, t[0]))
     stalled = stalled_fraction(before, best[0])
+    _record("phase", stalled=[stalled_fraction(before, t[0]) for t in tries])
     if stalled > MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
                     f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge the phase change")

@@ -54,7 +54,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.skipped and isinstance(report.longrepr, tuple):
         text = str(report.longrepr[2])
     line = {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
-            "duration_s": round(report.duration, 3), "uptime_s": _uptime(), "text": text}
+            "duration_s": round(report.duration, 3), "uptime_s": _uptime(),
+            "wall": round(time.time(), 3), "text": text}  # wall: the guest's clock, set from the host's RTC at boot
     with (OUT / "progress.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
 

@@ -33,6 +33,7 @@ RESTATED = {
         "tests/netem_vm/guest_backends.py::test_clear_restores_namespaces_exactly_netem",
     BACKENDS + "test_replace_endpoint_after_a_restart[netem]":
         "tests/netem_vm/guest_backends.py::test_replace_endpoint_after_a_restart_netem",
+    BACKENDS + "test_duplication[netem]": "tests/netem_vm/guest_backends.py::test_duplication_netem",
     CONFORMANCE + "test_rate[netem-100mbit]": "tests/netem_vm/guest_conformance.py::test_rate[netem-20mbit]",
     CONFORMANCE + "test_rate[netem-1gbit]": "tests/netem_vm/guest_conformance.py::test_rate[netem-40mbit]",
 }
@@ -43,7 +44,6 @@ _G = "tests/netem_vm/guest_conformance.py::"
 GUEST_TESTS = (
     BACKENDS + "test_a_pair_setting_changes_only_that_pair[netem]",
     BACKENDS + "test_blocked_pair_drops_everything_and_unblocking_restores[netem]",
-    BACKENDS + "test_duplication[netem]",
     BACKENDS + "test_rate_limit_tcp_goodput[netem]",
     BACKENDS + "test_incremental_changes_match_a_fresh_apply[netem]",
     *RESTATED.values(),

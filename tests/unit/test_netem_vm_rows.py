@@ -25,7 +25,8 @@ def test_netem_rows_are_told_from_others() -> None:
 
 
 def test_guest_rows_keep_names_or_are_restated() -> None:
-    assert guest_row(B + "test_duplication[netem]") == B + "test_duplication[netem]"
+    assert guest_row(B + "test_a_pair_setting_changes_only_that_pair[netem]") == (
+        B + "test_a_pair_setting_changes_only_that_pair[netem]")
     guest = "tests/netem_vm/guest_conformance.py::"
     assert guest_row(C + "test_delay_mean[netem-1ms]") == guest + "test_delay_mean[netem-1ms]"
     assert guest_row(B + "test_delay_of_a_link[netem]") == RESTATED[B + "test_delay_of_a_link[netem]"]
