@@ -166,7 +166,7 @@ def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState
 
 def stalled_fraction(state: LinkState, udp: UdpObservation) -> float:
     """The largest fraction of one link's delay samples that the delay and jitter checks leave out as
-    host stalls (0 without raw samples); above ``MAX_STALL_FRACTION`` those checks are unknown."""
+    host stalls (0 without raw samples); above ``JITTER_STALL_FRACTION`` those checks are unknown."""
     worst = 0.0
     for link, seen in udp.links.items():
         samples = seen.one_way_samples
