@@ -14,6 +14,7 @@ A link in ``state.blocked`` must lose everything, and gets only a ``loss`` row e
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from harness.calibration.expected import (
 from harness.calibration.observations import Link, RoundTrip, TransferObservation, UdpObservation
 from harness.calibration.stats import Moments, interquartile_range, pool, without_stalls
 from harness.calibration.verdicts import (
+    LOSS_RESOLUTION,
     STALL_FLOOR_US,
     Check,
     check_delay,
@@ -109,16 +111,19 @@ class Evidence:
     tcp_round_trips: Mapping[Link, RoundTrip] | None = None  # fallback round trips
 
 
-def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, loss_confidence: float) -> list[Check]:
-    """Every check of every link in ``links``, in link order."""
+def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, loss_confidence: float,
+          loss_resolution: float = LOSS_RESOLUTION) -> list[Check]:
+    """Every check of every link in ``links``, in link order; loss counts are judged at
+    ``loss_confidence`` and must resolve ``loss_resolution`` of the mean (the plan's)."""
+    loss = functools.partial(_loss_row, confidence=loss_confidence, resolution=loss_resolution)
     rows: list[Check] = []
     stalled = stalled_fraction(state, evidence.udp) if evidence.udp is not None else 0.0
     for link in links:
         if link in state.blocked:
-            rows.append(_loss_row(link, LossModel(1.0, 0.0, True), evidence, state, loss_confidence))
+            rows.append(loss(link, LossModel(1.0, 0.0, True), evidence, state))
             continue
         rows += _delay_rows(link, state, evidence)
-        rows.append(_loss_row(link, loss_model(state.links[link].loss), evidence, state, loss_confidence))
+        rows.append(loss(link, loss_model(state.links[link].loss), evidence, state))
         rate = link_rate_bps(link[0], link[1], state.links[link], state.node_links)
         if rate is not None:
             t = evidence.transfers.get(link)
@@ -151,17 +156,19 @@ def _delay_rows(link: Link, state: LinkState, evidence: Evidence) -> list[Check]
             check_jitter(link, model, rtt, base.rtt_sd_us, samples=trips, metric="rtt_jitter")]
 
 
-def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState, confidence: float) -> Check:
+def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState, *, confidence: float,
+              resolution: float) -> Check:
     udp = evidence.udp
     seen = udp.links.get(link) if udp else None
     if seen is not None and seen.packets > 0:
-        return check_loss(link, model, seen.packets, seen.lost, confidence=confidence)
+        return check_loss(link, model, seen.packets, seen.lost, confidence=confidence, resolution=resolution)
     trip = udp.round_trips.get(link) if udp else None
     if trip is not None and trip.sent > 0 and link not in state.blocked:
         back = state.links[(link[1], link[0])].loss
         both = round_trip_loss(state.links[link].loss, back)
-        return check_loss(link, both, trip.sent, trip.sent - trip.replies, confidence=confidence, metric="rtt_loss")
-    return check_loss(link, model, 0, 0, confidence=confidence)
+        return check_loss(link, both, trip.sent, trip.sent - trip.replies, confidence=confidence, metric="rtt_loss",
+                          resolution=resolution)
+    return check_loss(link, model, 0, 0, confidence=confidence, resolution=resolution)
 
 
 def stalled_fraction(state: LinkState, udp: UdpObservation) -> float:

@@ -88,6 +88,7 @@ class ProbePlan:
     loss_confidence: float  # confidence of each loss check
     transfers: tuple[TransferPlan, ...]  # bulk transfers, one at a time
     notes: tuple[str, ...]  # sampling and budget decisions, for the report
+    loss_resolution: float = LOSS_RESOLUTION  # half-width of the loss acceptance region over the mean it asks for
 
     @property
     def udp_seconds(self) -> float:
@@ -119,7 +120,7 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     if unchecked:
         notes.append(f"{' and '.join(unchecked)} configured but not checked")
     return ProbePlan(tuple(links), count, rate, wait, min(BASELINE_COUNT, count), confidence, tuple(transfers),
-                     tuple(notes))
+                     tuple(notes), _loss_resolution(quick))
 
 
 def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links: int, seed: int,
@@ -151,8 +152,13 @@ def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links
     return sorted({link for a, b in picked for link in ((a, b), (b, a))})
 
 
+def _loss_resolution(quick: bool) -> float:
+    """What the loss checks ask of the count: the plan sizes the probe for it and the judge checks it."""
+    return 2 * LOSS_RESOLUTION if quick else LOSS_RESOLUTION
+
+
 def _udp_count(state: LinkState, links: list[Link], confidence: float, quick: bool, notes: list[str]) -> int:
-    resolution = 2 * LOSS_RESOLUTION if quick else LOSS_RESOLUTION
+    resolution = _loss_resolution(quick)
     checked = set(links)
     need = QUICK_MIN_COUNT if quick else MIN_COUNT
     for s, d in links:

@@ -96,7 +96,8 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
         evidence = run.shaped(shaper, baseline)
         used = shaper.backend
         run.notes.append(_load_note(load_before, os.getloadavg()[0]))
-    rows = judge(state, plan.links, evidence, loss_confidence=plan.loss_confidence)
+    rows = judge(state, plan.links, evidence, loss_confidence=plan.loss_confidence,
+                 loss_resolution=plan.loss_resolution)
     return CalibrationReport(prof.name, workers, used, at, quick, tuple(rows), baseline, plan, tuple(run.errors),
                              tuple(run.notes), time.monotonic() - started)
 

@@ -273,10 +273,15 @@ def loss_packets_needed(model: LossModel, confidence: float = LOSS_CONFIDENCE,
 
 
 def check_loss(link: tuple[int, int], model: LossModel, packets: int, lost: int,
-               *, confidence: float = LOSS_CONFIDENCE, metric: str = "loss") -> Check:
-    """The loss count against the acceptance region of the configured law."""
+               *, confidence: float = LOSS_CONFIDENCE, metric: str = "loss",
+               resolution: float = LOSS_RESOLUTION) -> Check:
+    """The loss count against the acceptance region of the configured law.
+
+    ``resolution`` is what the count must resolve (see :func:`loss_packets_needed`): a quick
+    calibration asks for +-100 % of the mean loss instead of +-50 % and sizes its probe for that.
+    """
     want = 100 * model.mean
-    need = loss_packets_needed(model, confidence)
+    need = loss_packets_needed(model, confidence, resolution)
     if packets < need:
         return _unknown(link, metric, "%", want, f"{packets} packets crossed the link, {need} needed "
                         f"to resolve {want:g} % at {confidence:.4g} confidence", samples=packets)

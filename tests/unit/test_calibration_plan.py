@@ -6,7 +6,7 @@ import pytest
 
 from harness.calibration.expected import loss_model
 from harness.calibration.plan import MAX_COUNT, MIN_COUNT, QUICK_MIN_COUNT, plan_probes, reschedule
-from harness.calibration.verdicts import loss_packets_needed
+from harness.calibration.verdicts import LOSS_RESOLUTION, CalibrationOutcome, check_loss, loss_packets_needed
 from harness.profiles import Profile, load_profile
 from harness.shaping import state_at
 from harness.shaping.base import LinkState
@@ -29,6 +29,20 @@ def test_a_lossy_profile_gets_enough_packets_after_the_echoes_lost_on_the_way_ba
     needed = loss_packets_needed(loss_model(state.links[(0, 1)].loss), plan.loss_confidence)
     expected_on_link = plan.udp_count * (1 + 0.99)  # own probes + echoes that survived the reverse link
     assert expected_on_link >= 1.04 * needed
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_packets_planned_resolve_the_loss_check_the_judge_makes(quick: bool) -> None:
+    """The plan sizes the probe for a resolution and the judge checks that same one: a quick
+    calibration of lossy-1pct once sent 500 probes per link (~1000 crossing) to a check asking 3119."""
+    state = _state("lossy-1pct", 4)
+    plan = plan_probes(state, 4, quick=quick)
+    model = loss_model(state.links[(0, 1)].loss)
+    crossing = int(plan.udp_count * (1 + 0.99))  # own probes + echoes that survived the reverse link
+    row = check_loss((0, 1), model, crossing, round(crossing * model.mean), confidence=plan.loss_confidence,
+                     resolution=plan.loss_resolution)
+    assert row.verdict == CalibrationOutcome.PASSED, row.why
+    assert plan.loss_resolution == (2 * LOSS_RESOLUTION if quick else LOSS_RESOLUTION)
 
 
 def test_loss_checks_share_a_one_percent_budget() -> None:
