@@ -14,7 +14,7 @@ looks exactly like a container's. Addresses are ``10.78.<i // 250>.<i % 250 + 2>
 from __future__ import annotations
 
 import subprocess
-from typing import Any
+from typing import Any, Self
 
 from harness.shaping.base import Endpoint
 from harness.shaping.nfqueue.probe import ProbeResult, probe, realtime
@@ -72,7 +72,7 @@ class BridgedLan:
         _ip("-n", self._sw, "link", "del", f"p{i}")  # takes the old eth0 with it
         return self._add(i, self._sw, key=f"{self._keys[i]}r")
 
-    def __enter__(self) -> BridgedLan:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -73,7 +73,7 @@ def test_a_third_party_protocol_runs_through_the_plugin(pytester: pytest.Pyteste
     assert "toyproto_pairavg_main-wan_5ms-w4" in page and "data:image/png;base64," in page
     props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
     assert props["squall_converged_verdict"] == "pass"
-    assert float(props["squall_converged_measured"]) > 0
+    assert float(props["squall_converged_measured"] or "nan") > 0
     assert props["squall_backend"] in ("netem", "nfqueue")
     # wan-5ms was calibrated once, before its first cell, on the session's own cluster: the summary says how it
     # went, each cell records it, and the page has the calibration's rows (whatever the busy host let it judge)

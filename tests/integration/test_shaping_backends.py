@@ -70,7 +70,7 @@ UNSHAPED_RTT_CEILING_S = 0.005  # median echo_mesh RTT once shaping is cleared
 class Lan(BridgedLan):
     """The module's hosts, probed on the echo port."""
 
-    def probe(self, src: int, dst: int, port: int = PORT, **kwargs: Any) -> ProbeResult:  # type: ignore[override]
+    def probe(self, src: int, dst: int, port: int = PORT, **kwargs: Any) -> ProbeResult:
         return super().probe(src, dst, port, **kwargs)
 
 
@@ -301,7 +301,7 @@ def tc_structure(lan: Lan, i: int) -> list[object]:
     for q in qdiscs:
         q.pop("refcnt", None)
         q.get("options", {}).pop("direct_packets_stat", None)
-    out: list[object] = sorted(json.dumps(q, sort_keys=True) for q in qdiscs)
+    out: list[Any] = sorted(json.dumps(q, sort_keys=True) for q in qdiscs)
     devices = {q["dev"] for q in qdiscs}
     for dev in sorted(devices - {"lo"}):
         out += sorted(lan.run(i, ["tc", "class", "show", "dev", dev]).splitlines())

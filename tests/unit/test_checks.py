@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from harness.trace import ChurnMark, RunTrace, StepRecord, build_trace
 def trace(curves: dict[int, list[tuple[float, float]]], *, metric: str = "accuracy", protocol: str = "p",
           seed: int = 0, survivors: tuple[int, ...] = ()) -> RunTrace:
     """A trace whose worker w has (t, value) points of ``metric``."""
-    recs = [StepRecord(worker=w, step=k, t=t, **{metric: v})
+    recs = [StepRecord(worker=w, step=k, t=t, **{metric: v})  # type: ignore[arg-type]
             for w, pts in curves.items() for k, (t, v) in enumerate(pts)]
     return RunTrace(protocol, "lan", len(curves), seed, "none", tuple(sorted(recs, key=lambda r: r.t)),
                     survivors=survivors)
@@ -140,7 +141,7 @@ def test_a_crashing_check_is_unknown_never_a_pass() -> None:
 def test_build_trace_aligns_workers_on_the_shared_clock_and_skips_junk() -> None:
     # one record format: other spellings (wall_time, train_loss, hash, acc) are not read, so a record
     # without "wall" is skipped like one without a step (or with a boolean one)
-    w0 = [{"step": 0, "wall": 100.5, "loss": 2.0, "projection": [1, 2]}, {"note": "no step"},
+    w0: list[dict[str, Any]] = [{"step": 0, "wall": 100.5, "loss": 2.0, "projection": [1, 2]}, {"note": "no step"},
           {"step": 1, "wall_time": 100.6, "train_loss": 1.5}, {"step": True, "wall": 100.7}]
     w1 = [{"step": 0, "wall": 100.2, "train_loss": 1.5, "param_hash": "ab", "hash": "cd", "accuracy": 0.5,
            "acc": 0.6, "loss": float("nan")}]

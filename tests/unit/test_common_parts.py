@@ -66,7 +66,7 @@ def test_lr_schedules() -> None:
     ],
 )
 def test_device_model_draws_exactly_what_the_harness_profile_says(fields: dict[str, float]) -> None:
-    spec = DeviceSpec(node=2, seed=17, **fields)
+    spec = DeviceSpec(node=2, seed=17, **fields)  # type: ignore[arg-type]
     model = DeviceModel.from_config(spec.to_dict(), node=0)
     assert model.node == 2
     # Every field of the harness's spec reaches the model unchanged: nothing is dropped on the way.

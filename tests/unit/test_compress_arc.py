@@ -44,7 +44,7 @@ def test_t6_1_every_worker_selects_the_same_rows_and_returns_the_same_mean() -> 
     assert len(set(rows)) == 1 and len(rows[0]) == 8, rows  # identical indices, k = 8 rows, none sent
     assert all(torch.equal(results[0][1], mean) for _, mean in results)  # bit-identical aggregate
     exact = torch.stack(grads).double().mean(dim=0).view(ROWS, COLS)
-    picked = list(rows[0])
+    picked = [int(r) for r in rows[0]]
     np.testing.assert_allclose(results[0][1].view(ROWS, COLS)[picked].numpy(), exact[picked].numpy(), atol=1e-5)
     assert float(results[0][1].view(ROWS, COLS)[[r for r in range(ROWS) if r not in picked]].abs().max()) == 0.0
 

@@ -3,6 +3,8 @@ that reject wrong counts, out-of-range indices and group metadata that does not 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -115,7 +117,7 @@ def top_k_bytes(numel: int, k: int, values: np.ndarray, indices: np.ndarray) -> 
 
 def quant_bytes(numel: int, bits: int, group: int, codes: int, scales: int, *, zeros: int | None = None,
                 scale: float = 0.1) -> bytes:
-    arrays = [np.zeros(codes, np.uint8), np.full(scales, scale, np.float16),
+    arrays: list[np.ndarray[Any, Any]] = [np.zeros(codes, np.uint8), np.full(scales, scale, np.float16),
               np.zeros(scales if zeros is None else zeros, np.float16)]
     return pack_fields(GroupQuant.name, numel, [(ParamKind.U64, bits), (ParamKind.U64, group)], arrays)
 

@@ -99,7 +99,7 @@ def test_options_are_checked_naming_the_key_value_and_what_is_allowed() -> None:
         make_algorithm(RANDK, transport, options={"rank": 4})
 
 
-TRAINING = {
+TRAINING: dict[str, dict[str, Any]] = {
     TOPK: {"ratio": 0.05},
     RANDK: {"ratio": 0.25},
     ARC: {"ratio": 0.1, "cols": 10},

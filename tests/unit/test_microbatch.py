@@ -14,15 +14,15 @@ from protocols.common.tasks import make_task
 
 
 @pytest.fixture
-def task():  # type: ignore[no-untyped-def]
+def task():
     return make_task("logreg_digits")
 
 
-def _run(coro):  # type: ignore[no-untyped-def]
+def _run(coro):
     return asyncio.run(coro)
 
 
-def test_sums_every_micro_batch_when_nothing_stops_it(task) -> None:  # type: ignore[no-untyped-def]
+def test_sums_every_micro_batch_when_nothing_stops_it(task) -> None:
     x = task.init_params(0)
     batches = task.batches(0, 2, 0, 8)
     ref_batches = task.batches(0, 2, 0, 8)
@@ -34,7 +34,7 @@ def test_sums_every_micro_batch_when_nothing_stops_it(task) -> None:  # type: ig
     assert torch.equal(next(batches)[0], next(ref_batches)[0])
 
 
-def test_stops_before_the_next_micro_batch_and_leaves_it(task) -> None:  # type: ignore[no-untyped-def]
+def test_stops_before_the_next_micro_batch_and_leaves_it(task) -> None:
     x = task.init_params(0)
     device = DeviceModel(step_time_s=0.008)  # 4 micro-batches of at least 2 ms each
     seen: list[float] = []
@@ -54,7 +54,7 @@ def test_stops_before_the_next_micro_batch_and_leaves_it(task) -> None:  # type:
     assert torch.equal(next(batches)[0], next(left)[0])  # the 4th was not consumed
 
 
-def test_drop_consumes_without_computing(task) -> None:  # type: ignore[no-untyped-def]
+def test_drop_consumes_without_computing(task) -> None:
     a, b = task.batches(0, 2, 0, 8), task.batches(0, 2, 0, 8)
     drop(a, 3)
     for _ in range(3):
@@ -70,6 +70,6 @@ def test_the_device_model_times_each_micro_batch() -> None:
         device.microbatch_time(0, 8, 8, 0.0)
 
 
-def test_zero_micro_batches_is_refused(task) -> None:  # type: ignore[no-untyped-def]
+def test_zero_micro_batches_is_refused(task) -> None:
     with pytest.raises(ValueError, match="at least one"):
         _run(accumulate(task, task.init_params(0), itertools.repeat(None), 0, step=0))  # type: ignore[arg-type]

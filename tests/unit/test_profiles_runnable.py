@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -243,9 +244,17 @@ def test_the_unlimited_rate_of_the_shaping_tree_is_the_highest_rate() -> None:
 # ----------------------------------------------------------------------------- random churn
 
 
+def _recording(draws: list[float]) -> Callable[[random.Random, float], float]:
+    """A stand-in for ``Random.expovariate`` that records each rate asked for and returns 1 s."""
+    def expovariate(self: random.Random, rate: float) -> float:
+        draws.append(rate)
+        return 1.0
+    return expovariate
+
+
 def test_absurd_churn_is_refused_when_read_with_the_count_key_and_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     draws: list[float] = []  # refused from the computed count: not one arrival is drawn
-    monkeypatch.setattr(random.Random, "expovariate", lambda self, rate: draws.append(rate) or 1.0)
+    monkeypatch.setattr(random.Random, "expovariate", _recording(draws))
     error = refused(FAST_CHURN)
     assert draws == []
     assert (error.file, error.key) == ("t.yaml", "churn.random[0].rate")
@@ -260,7 +269,7 @@ def test_the_run_length_decides_and_is_refused_before_drawing() -> None:
     assert len(profile.churn_events(2, 1.0)) > 0
     draws: list[float] = []
     with pytest.MonkeyPatch.context() as patch, pytest.raises(ProfileError) as info:
-        patch.setattr(random.Random, "expovariate", lambda self, rate: draws.append(rate) or 1.0)
+        patch.setattr(random.Random, "expovariate", _recording(draws))
         profile.churn_events(8, 3600.0)
     assert draws == []  # refused before drawing
     assert "in a 3600s run of 8 workers" in info.value.problem
@@ -283,7 +292,7 @@ def test_show_refuses_absurd_churn_without_running_out_of_memory(
     path.write_text(HEAD + "churn: {random: [{kind: kill, rate: 1/1us, downtime: 1s, seed: 1, start: 700s}]}\n")
     assert load_profile(path).validate_for(8) == []  # nothing starts in a run of 600 s
     draws: list[float] = []
-    monkeypatch.setattr(random.Random, "expovariate", lambda self, rate: draws.append(rate) or 1.0)
+    monkeypatch.setattr(random.Random, "expovariate", _recording(draws))
     code = main(["profiles", "show", str(path), "--duration", "1h"])
     _, err = capsys.readouterr()
     assert draws == []  # refused from the computed count, before a single arrival is drawn

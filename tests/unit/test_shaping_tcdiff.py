@@ -11,7 +11,7 @@ from harness.shaping.tcdiff import TcStep, diff, teardown
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 
 
-def tc(links: dict[tuple[int, int], LinkSpec], node: int = 0, planner=plan_netem, **caps: NodeLinkSpec):  # type: ignore[no-untyped-def]
+def tc(links: dict[tuple[int, int], LinkSpec], node: int = 0, planner=plan_netem, **caps: NodeLinkSpec):
     node_links = {int(k[1:]): v for k, v in caps.items()}
     return planner(EPS, LinkState(links, node_links=node_links))[node].tc
 
@@ -108,4 +108,4 @@ def test_downlink_rate_change_changes_the_ifb_class() -> None:
 def test_last_link_going_removes_the_whole_tree() -> None:
     old = tc({(0, 1): LinkSpec(delay_us=5000)})
     steps = diff(old, ())
-    assert steps == [TcStep("delete", QdiscOp("eth0", TC_H_ROOT, 0x10000, old[0].qdisc))]  # type: ignore[union-attr]
+    assert steps == [TcStep("delete", QdiscOp("eth0", TC_H_ROOT, 0x10000, old[0].qdisc))]

@@ -60,7 +60,8 @@ def test_feed_splits_at_any_boundary(cuts: list[int]) -> None:
         decoder.feed(data[start:stop])
     received = drain(decoder)
     assert [m.kind for m in received] == [m.kind for m in MESSAGES]
-    assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(received, MESSAGES, strict=True) if b.tensor is not None)
+    assert all(a.tensor is not None and torch.equal(a.tensor, b.tensor)
+               for a, b in zip(received, MESSAGES, strict=True) if b.tensor is not None)
     assert not decoder.mid_frame
 
 

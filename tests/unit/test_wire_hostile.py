@@ -59,7 +59,8 @@ def descriptor(code: int, dims: list[int], reserved: bytes = bytes(6)) -> bytes:
 
 
 def tensor_frame(desc: bytes, data: bytes, kind: int = MsgType.TENSOR, **fields: int) -> bytes:
-    return raw_header(kind=kind, payload_len=len(desc) + len(data), **fields) + desc + data
+    header = raw_header(kind=kind, payload_len=len(desc) + len(data), **fields)  # type: ignore[arg-type]
+    return header + desc + data
 
 
 def assert_rejected(frame: bytes) -> None:
