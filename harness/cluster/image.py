@@ -246,11 +246,20 @@ def current_worker_tag(client: Any) -> str | None:
 
 
 def stale_images(client: Any) -> list[str]:
-    """Squall images built for inputs that are no longer current (left by earlier builds)."""
+    """Squall images built for inputs that are no longer current (left by earlier builds): the
+    worker, its base, the swarm node agent, and the Docker-in-Docker node images (whose tags hash
+    their own recipes, not the worker's inputs)."""
+    from harness.cluster.swarm import dind_image
     from harness.cluster.swarm.agent_image import REPO as AGENT_REPO
     from harness.cluster.swarm.agent_image import agent_tag
 
     keep: set[str] = set()
+    repos = {WORKER_REPO, BASE_REPO, AGENT_REPO}
+    try:
+        keep |= {dind_image.root_tag(), dind_image.node_tag()}
+        repos |= {dind_image.ROOT_REPO, dind_image.NODE_REPO}
+    except OSError as exc:  # the node recipe is not there: which node image is current is unknown
+        logger.debug("node images left alone: %s", exc)
     current = current_worker_tag(client)
     if current is not None:
         keep.add(current)
@@ -259,7 +268,7 @@ def stale_images(client: Any) -> list[str]:
     stale = []
     for img in client.images.list(filters={"dangling": False}):
         for tag in img.tags:
-            if tag.split(":")[0] in {WORKER_REPO, BASE_REPO, AGENT_REPO} and tag not in keep:
+            if tag.split(":")[0] in repos and tag not in keep:
                 stale.append(tag)
     return sorted(stale)
 
