@@ -1,6 +1,6 @@
 """``squall calibrate``: measure what each link of a profile really does, against what it should do.
 
-    squall calibrate --profile wan-5ms [--workers 4] [--backend nfqueue] [--json report.json]
+    squall calibrate --profile wan-5ms [--workers 4] [--backend nfqueue] [--engine swarm] [--json report.json]
 
 Starts a cluster, shapes it with the profile, probes every directed link from inside the
 containers (UDP echo for delay, jitter and loss; TCP transfers for rates), prints configured
@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from harness.cluster.spec import ENGINES, select_engine
 from harness.profiles import ProfileError, load_profile
 from harness.shaping.base import BACKENDS, ShapingError
 
@@ -42,6 +43,9 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help=f"cluster size (default {DEFAULT_WORKERS}, or the profile's minimum)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="shaping backend (default: netem if the kernel has it, else nfqueue)")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="where the probed containers run: this machine's Docker (local, the default) or a Docker "
+                             "Swarm, probed and shaped through the node agents (swarm; see docs/swarm.md)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the report as JSON ('-': stdout)")
     parser.add_argument("--pairs", type=_pairs, default=None, metavar="A->B,...",
                         help="check only these directed links (default: all, sampled above 12)")
@@ -66,7 +70,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``squall calibrate``."""
     from harness.calibration.runner import calibrate, calibration_spec
-    from harness.cluster import Cluster
+    from harness.cluster.backend import open_cluster
     from harness.progress import Display
 
     if args.workers is not None and args.workers < 2:
@@ -76,10 +80,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         workers = args.workers or max(DEFAULT_WORKERS, profile.required_workers())
         profile.validate_for(workers)  # bad input is told before any cluster starts
+        select_engine(args.engine)  # the engine of the cluster below (and of the spec's default)
         display = Display(label=f"calibrate {profile.name}")
         try:
             display.stage("starting cluster", f"{workers} workers")
-            with display.logging_above(), Cluster(calibration_spec(workers)) as cluster:
+            with display.logging_above(), open_cluster(calibration_spec(workers)) as cluster:
                 expected = "quick: fewer packets, shorter transfers" if args.quick else \
                     "a full calibration of a shipped profile takes 30-60 s at 4 workers"
                 with display.ticking("calibrating", expected=expected):

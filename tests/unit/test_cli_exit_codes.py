@@ -82,6 +82,10 @@ def test_calibrate_bad_workers() -> None:
     assert code_of("calibrate", "--profile", "lan", "--workers", "1") == EXIT_USAGE
 
 
+def test_calibrate_unknown_engine() -> None:
+    assert code_of("calibrate", "--profile", "lan", "--engine", "kubernetes-someday") == EXIT_USAGE
+
+
 def test_claims_bad_option() -> None:
     assert code_of("claims", "--bogus") == EXIT_USAGE
 
