@@ -5,12 +5,22 @@ This host's kernel has no ``sch_netem``; a stock distribution kernel has it.
 with ``apt-get download`` and cached in ``.cache/netem-vm``, never committed) with this checkout
 shared read-only, and the guest runs every netem test of ``test_shaping_backends`` and the
 conformance suite (``tests/netem_vm/rows.py`` lists them, some restated for TCG) plus calibrations.
-The VM runs once per session (9-10 minutes on a 2-core host, holding the QEMU lock, and the
+The VM runs once per session (7-9 minutes on a 2-core host, holding the QEMU lock, and the
 benchmark lock when it can be had, see :func:`guest`); each guest test then becomes one test here
 with the guest's outcome: passed, failed (with the guest's failure text) or skipped (with its reason).
 
+The guest's own clock cannot tell a host that starved the VM from its own emulation cost, so a
+guest "too busy" skip stands only when the host saw it: while the VM runs,
+``tests/netem_vm/host_watch.py`` reads QEMU's threads' run-queue waits (the kernel's schedstat), and a
+skipped guest test whose busiest virtual CPU (or QEMU main) thread waited less than
+:data:`STARVED_SHARE` of that test's time for a host CPU fails instead ("the guest cannot judge this
+check as it stands"). The samples and each row's figures are left in the results directory
+(``host_sched.jsonl``, ``rows.json``).
+
 It runs with ``SQUALL_NETEM_VM=1`` (``make test-netem``); it is not yet part of ``make test``, because
-no full run has passed beside a CPU-bound process on the 2-core host it was written on (see the
+no full run has passed beside a CPU-bound process on the 2-core host it was written on (the last: 28
+passed, 4 failed, the jitter and phase checks that the guest called too busy while the host was not:
+see the
 README's testing section). With it, under ``CI=true`` anything that keeps the VM from running (no
 root, no QEMU or kernel package to be had from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its
 time limit fails every guest test that did not run. On a kernel without netem the host's own
@@ -36,7 +46,7 @@ from typing import Any
 import pytest
 
 from harness.cluster.engine import in_ci
-from tests.netem_vm.host_watch import QemuWatch, starvation
+from tests.netem_vm.host_watch import QemuWatch, starved_by_row
 from tests.netem_vm.rows import GUEST_TESTS, HOST_FILES, SWITCH, guest_row, is_netem_row, vm_switched_off
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +56,7 @@ QEMU_LOCK, BENCH_LOCK = "/tmp/squall-qemu.lock", "/tmp/squall-bench.lock"
 #: A guest's "too busy" is accepted only when a virtual CPU thread of QEMU waited at least this share of the
 #: test's time for a host CPU (tests/netem_vm/host_watch.py); else the skip is a failure.
 STARVED_SHARE = 0.05
+MIN_WINDOW_S = 30.0  # the shortest window judged: about a shared probe's length (the mixed probe: 15-45 s)
 BENCH_WAIT_S = float(os.environ.get("SQUALL_NETEM_VM_BENCH_WAIT_S", "120"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(VM_TIMEOUT_S + 400)]  # whichever test boots the VM
 def _unable(why: str) -> None:
@@ -99,7 +110,7 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     with _exclusive(QEMU_LOCK, wait_s=None, skip=held), \
             _exclusive(BENCH_LOCK, wait_s=BENCH_WAIT_S, skip=held) as bench:
         if not bench:
-            env["NETEM_VM_NICE"] = "0"
+            env["NETEM_VM_NICE"], env["NETEM_VM_RT"] = "0", "0"
         returncode, stderr, watch = _run_vm(env)
     watch.save(out / "host_sched.jsonl")
     rows: dict[str, dict[str, Any]] = {}
@@ -115,10 +126,8 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     # The guest's clock is set from the host's RTC at boot (whole seconds); the share's file times are the
     # host's: the last line's write time puts the guest's wall times on the host's clock.
     offset = progress.stat().st_mtime - max(float(r.get("wall", 0.0)) for r in rows.values())
-    for row in rows.values():
-        if "wall" in row:
-            end = float(row["wall"]) + offset
-            row["host_starved"] = starvation(watch.samples, end - float(row["duration_s"]), end)
+    for test, share in starved_by_row(list(rows.values()), watch.samples, offset, min_window_s=MIN_WINDOW_S).items():
+        rows[test]["host_starved"] = share
     (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
 

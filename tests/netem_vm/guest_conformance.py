@@ -19,8 +19,13 @@ What differs, and why (TCG emulates every instruction; measured on a 2-core host
   docstrings); the partition test is retried under the real-time canary, whose "stalled" bound is
   the idle guest's own times three (``tests/netem_vm/guest_plugin.py``);
 * ``mixed`` and ``phase_run`` skip their tests as too busy while even the least stalled try had more
-  than MAX_STALL_FRACTION of a link's packets stalled (a guest that far behind loses echoes in its
-  own buffers): never a pass.
+  than MAX_STALL_FRACTION (raised by the unshaped path's own tail, :func:`baseline`) of a link's
+  packets stalled (a guest that far behind loses echoes in its own buffers): never a pass. On the
+  host, ``tests/integration/test_netem_vm.py`` accepts such a skip only if QEMU really waited for
+  host CPUs meanwhile. Measured beside a CPU-bound process with QEMU real-time after boot
+  (scripts/netem-vm/run.sh): the mixed probe stalled 9.8 % (its delay, loss and untouched-link checks
+  passed; the jitter checks' limit, tail + 5 %, was 7.7 %), the phase probe 51-65 % (its apply()
+  runs at real-time priority 10 in the guest for 0.3-1.5 s of the 4 s probe): not yet restated.
 """
 
 from __future__ import annotations
@@ -132,9 +137,11 @@ def baseline(cluster: NamespaceCluster) -> Baseline:
       configured jitter of that s.d. would get;
     * the delay tolerance floor: max(0.5 ms, 3 s.d.) (the native 0.5 ms is 1.5-3 s.d. of TCG's path);
     * the jitter tolerance floor: max(0.25 ms, 2 s.d.) (:data:`JITTER_SIGMAS_OF_PATH`);
-    * the share of a probe that may lie beyond the window before a jitter check is "too busy"
-      (native 5 % / 10 %): raised by the unshaped path's own share beyond it (TCG's tail, measured
-      before anything is shaped, so it is the guest's and not the link's).
+    * the share of a probe that may lie beyond the window before a jitter check, a delay check or a
+      whole probe (the mixed and phase probes) is "too busy" (native 5 % / 10 % / 25 %): raised by
+      the unshaped path's own share beyond it (TCG's tail, measured before anything is shaped, so it
+      is the guest's and not the link's: 20 % on a quiet host, measured). A wrong delay still moves
+      the median of every sample, stalled or not, by its whole error.
 
     Every delay the guest judges is 20 ms or more (:data:`suite.MIXED` here), so a link that lost or
     doubled its delay is still off by far more than either. Recorded in ``guest_tolerances.json``.
@@ -156,12 +163,15 @@ def baseline(cluster: NamespaceCluster) -> Baseline:
                 for o in obs.links.values() if o.one_way_samples), default=0.0)
     verdicts.HIDDEN_STALL_FRACTION = max(verdicts.HIDDEN_STALL_FRACTION, tail + 0.05)
     verdicts.JITTER_STALL_FRACTION = max(verdicts.JITTER_STALL_FRACTION, tail + 0.10)
+    # and the whole probe's limit (mixed, phase_run, the suite's retries and the delay checks) likewise
+    verdicts.MAX_STALL_FRACTION = suite.MAX_STALL_FRACTION = max(MAX_STALL_FRACTION, tail + MAX_STALL_FRACTION)  # type: ignore[attr-defined]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "guest_tolerances.json").write_text(json.dumps({
         "baseline": b.to_dict(), "stall_floor_us": stall, "delay_floor_us": floor, "path_tail": tail,
         "jitter_floor_us": verdicts.JITTER_FLOOR_US,
         "hidden_stall_fraction": verdicts.HIDDEN_STALL_FRACTION,
-        "jitter_stall_fraction": verdicts.JITTER_STALL_FRACTION}) + "\n")
+        "jitter_stall_fraction": verdicts.JITTER_STALL_FRACTION,
+        "max_stall_fraction": verdicts.MAX_STALL_FRACTION}) + "\n")
     return b
 
 
@@ -191,9 +201,9 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
                                                   rate_pps=suite.RATE_PPS, wait_s=0.9)[0], shaper)
     stalled = stalled_fraction(state, obs)
     _record("mixed", stalled=stalled)
-    if stalled > MAX_STALL_FRACTION:
+    if stalled > verdicts.MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
-                    f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
+                    f"{100 * verdicts.MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
     return obs
 
 
@@ -229,14 +239,14 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
         obs, results = finish_udp(run, suite.EVERY)
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
-        if stalled_fraction(before, obs) <= MAX_STALL_FRACTION:
+        if stalled_fraction(before, obs) <= verdicts.MAX_STALL_FRACTION:
             break
     best = min(tries, key=lambda t: stalled_fraction(before, t[0]))
     stalled = stalled_fraction(before, best[0])
     _record("phase", stalled=[stalled_fraction(before, t[0]) for t in tries])
-    if stalled > MAX_STALL_FRACTION:
+    if stalled > verdicts.MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
-                    f"{100 * MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
+                    f"{100 * verdicts.MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
     return best
 
 

@@ -20,14 +20,17 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_S = 0.1  # sampling period of the run-queue counters
 VCPU_PREFIX = "CPU "  # QEMU names its TCG vCPU threads "CPU <n>/TCG"
+#: QEMU's main thread (its main loop runs the emulated timers that wake a vCPU, and the 9p share)
+MAIN = "main"
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,12 @@ def parse_schedstat(text: str) -> tuple[int, int]:
 
 
 def read_threads(pid: int, proc: Path = Path("/proc")) -> dict[str, tuple[int, int]]:
-    """Every thread of ``pid``: its name (with the tid when names repeat) -> (cpu ns, wait ns)."""
+    """Every thread of ``pid``: its name (:data:`MAIN` for the main thread; with the tid when names
+    repeat) -> (cpu ns, wait ns)."""
     out: dict[str, tuple[int, int]] = {}
     for task in sorted((proc / str(pid) / "task").iterdir(), key=lambda p: int(p.name)):
         with contextlib.suppress(OSError, ValueError):
-            name = (task / "comm").read_text().strip()
+            name = MAIN if task.name == str(pid) else (task / "comm").read_text().strip()
             if name in out:
                 name = f"{name}#{task.name}"
             out[name] = parse_schedstat((task / "schedstat").read_text())
@@ -59,8 +63,8 @@ def read_threads(pid: int, proc: Path = Path("/proc")) -> dict[str, tuple[int, i
 
 
 def starvation(samples: Sequence[Sample], start: float, end: float) -> tuple[float, float]:
-    """For the host wall-clock window [start, end]: (the largest share of the window any vCPU thread
-    spent runnable but waiting for a CPU, the share of it that thread ran), from the first sample at or
+    """For the host wall-clock window [start, end]: (the largest share of the window any vCPU thread or
+    the main thread spent runnable but waiting for a CPU, the share of it that thread ran), from the first sample at or
     before ``start`` (or the first after it) to the last at or after ``end`` (or the last before it).
     (0, 0) when the window holds fewer than two samples or no vCPU thread."""
     if len(samples) < 2 or end <= start:
@@ -76,12 +80,36 @@ def starvation(samples: Sequence[Sample], start: float, end: float) -> tuple[flo
         return 0.0, 0.0
     worst = (0.0, 0.0)
     for name, (cpu1, wait1) in last.threads.items():
-        if not name.startswith(VCPU_PREFIX) or name not in first.threads:
+        if not (name.startswith(VCPU_PREFIX) or name == MAIN) or name not in first.threads:
             continue
         cpu0, wait0 = first.threads[name]
         share = ((wait1 - wait0) / 1e9 / span, (cpu1 - cpu0) / 1e9 / span)
         worst = max(worst, share)
     return worst
+
+
+def starved_by_row(rows: Sequence[Mapping[str, Any]], samples: Sequence[Sample], offset_s: float, *,
+                   min_window_s: float) -> dict[str, tuple[float, float]]:
+    """:func:`starvation` for each guest test row (``tests/netem_vm/guest_plugin.py``'s lines: test, when,
+    outcome, duration_s, wall, text), its guest wall times moved by ``offset_s`` onto the host's clock.
+
+    A row's window runs from the end of the row before it (a test's time includes its fixtures' setup,
+    e.g. the conformance suite's shared probes) and at least ``min_window_s`` back (tests judged on a
+    shared probe take well under a second each, right after it). A test skipped by a shared fixture's
+    skip that an earlier test met first took no time of its own: it gets that test's figures.
+    """
+    out: dict[str, tuple[float, float]] = {}
+    fixture_skips: dict[str, tuple[float, float]] = {}
+    previous = None
+    for row in sorted((r for r in rows if "wall" in r), key=lambda r: float(r["wall"])):
+        end = float(row["wall"]) + offset_s
+        start = previous if previous is not None else end - float(row["duration_s"])
+        share = starvation(samples, min(start, end - min_window_s), end)
+        if row["when"] == "setup" and row["outcome"] == "skipped":
+            share = fixture_skips.setdefault(str(row["text"]), share)
+        out[str(row["test"])] = share
+        previous = end
+    return out
 
 
 def vcpu_count(samples: Iterable[Sample]) -> int:

@@ -89,7 +89,8 @@ def vm_switched_off() -> bool:
     """The VM runs only with ``SQUALL_NETEM_VM=1`` (``make test-netem`` sets it).
 
     It is not in ``make test`` yet: no full run of it has passed on this 2-core host beside a CPU-bound
-    process (README, testing section), and a suite CI runs must pass. Without it the host's own
+    process (README, testing section; the last failed only its jitter and phase rows), and a suite CI
+    runs must pass. Without it the host's own
     ``[netem]`` rows run (or skip, with their reason, on a kernel without netem).
     """
     return os.environ.get(SWITCH) != "1"

@@ -17,6 +17,7 @@ from tests.netem_vm.host_watch import (
     parse_schedstat,
     read_threads,
     starvation,
+    starved_by_row,
     vcpu_count,
 )
 
@@ -39,11 +40,11 @@ def test_parse_schedstat() -> None:
 
 def test_starvation_is_the_worst_vcpu_threads_wait_share_in_the_window() -> None:
     samples = [
-        sample(100.0, CPU_0__TCG=(0.0, 0.0), CPU_1__TCG=(0.0, 0.0), qemu=(0.0, 0.0)),
-        sample(110.0, CPU_0__TCG=(5.0, 0.1), CPU_1__TCG=(4.0, 1.0), qemu=(1.0, 9.0)),
-        sample(120.0, CPU_0__TCG=(9.0, 0.2), CPU_1__TCG=(8.0, 1.1), qemu=(2.0, 9.5)),
+        sample(100.0, CPU_0__TCG=(0.0, 0.0), CPU_1__TCG=(0.0, 0.0), main=(0.0, 0.0), worker=(0.0, 0.0)),
+        sample(110.0, CPU_0__TCG=(5.0, 0.1), CPU_1__TCG=(4.0, 1.0), main=(1.0, 0.5), worker=(1.0, 9.0)),
+        sample(120.0, CPU_0__TCG=(9.0, 0.2), CPU_1__TCG=(8.0, 1.1), main=(2.0, 0.6), worker=(2.0, 9.5)),
     ]
-    # 100-110 s: CPU 1 waited 1 of 10 s (the main "qemu" thread, not a vCPU, is not counted)
+    # 100-110 s: CPU 1 waited 1 of 10 s (a 9p "worker" thread is not counted: no timer waits on it)
     assert starvation(samples, 100.0, 110.0) == pytest.approx((0.1, 0.4))
     # a window inside 110-120 widens to the readings around it: 0.1 s of 10
     assert starvation(samples, 112.0, 118.0) == pytest.approx((0.01, 0.4))
@@ -54,6 +55,24 @@ def test_starvation_is_the_worst_vcpu_threads_wait_share_in_the_window() -> None
     assert vcpu_count(samples) == 2 and vcpu_count([]) == 0
 
 
+def test_each_row_is_judged_on_the_time_since_the_row_before_and_a_shared_skip_on_its_first_window() -> None:
+    # CPU 0 waits 0.5 s per s from 100 to 140 s (guest clock 10 s behind), not at all from 140 to 200 s
+    samples = [sample(100.0, CPU_0__TCG=(0.0, 0.0)), sample(140.0, CPU_0__TCG=(20.0, 20.0)),
+               sample(200.0, CPU_0__TCG=(80.0, 20.0))]
+    rows = [
+        {"test": "a", "when": "call", "outcome": "passed", "duration_s": 5.0, "wall": 100.0},
+        {"test": "probe-user-1", "when": "setup", "outcome": "skipped", "duration_s": 40.0, "wall": 130.0, "text": "x"},
+        {"test": "probe-user-2", "when": "setup", "outcome": "skipped", "duration_s": 0.0, "wall": 185.0, "text": "x"},
+        {"test": "late", "when": "call", "outcome": "skipped", "duration_s": 0.1, "wall": 190.0, "text": "y"},
+        {"test": "no-wall", "when": "call", "outcome": "passed", "duration_s": 1.0},
+    ]
+    got = starved_by_row(rows, samples, 10.0, min_window_s=30.0)
+    assert got["probe-user-1"] == pytest.approx((0.5, 0.5))  # 110-140 s
+    assert got["probe-user-2"] == got["probe-user-1"]  # the same fixture's skip, met again
+    assert got["late"] == pytest.approx((0.0, 1.0))  # 140-200 s: at least 30 s back from 200 s
+    assert "no-wall" not in got
+
+
 def test_a_vcpu_thread_that_appeared_later_is_not_counted_from_nothing() -> None:
     samples = [sample(0.0, CPU_0__TCG=(0.0, 0.0)), sample(10.0, CPU_0__TCG=(1.0, 0.0), CPU_1__TCG=(1.0, 5.0))]
     assert starvation(samples, 0.0, 10.0) == (0.0, 0.1)
@@ -61,7 +80,7 @@ def test_a_vcpu_thread_that_appeared_later_is_not_counted_from_nothing() -> None
 
 def test_reads_real_threads_and_finds_a_descendant() -> None:
     threads = read_threads(os.getpid())
-    assert threads and all(cpu >= 0 and wait >= 0 for cpu, wait in threads.values())
+    assert "main" in threads and all(cpu >= 0 and wait >= 0 for cpu, wait in threads.values())
     # a grandchild named as QEMU would be: found under the child, not elsewhere
     outer = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {NAMED!r}])"
     child = subprocess.Popen([sys.executable, "-c", outer])
@@ -90,7 +109,7 @@ def test_the_watch_samples_a_live_process_and_writes_json_lines(tmp_path: os.Pat
                     break
                 subprocess.run(["sleep", "0.02"], check=True)
         assert watch.qemu_pid == child.pid and len(watch.samples) >= 3
-        assert all("qemu-system-x86" in s.threads for s in watch.samples)
+        assert all("main" in s.threads for s in watch.samples)
         path = tmp_path / "w.jsonl"  # type: ignore[operator]
         watch.save(path)
         assert len(path.read_text().splitlines()) == len(watch.samples)
