@@ -48,7 +48,7 @@ from harness.calibration.judge import Baseline, stalled_fraction
 from harness.calibration.observations import Sample, UdpObservation, raw_samples
 from harness.calibration.probing import finish_udp, run_udp, start_udp
 from harness.calibration.runner import STALL_TRIES
-from harness.calibration.stats import without_stalls
+from harness.calibration.stats import Moments, without_stalls
 from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay
 from harness.profiles import profile_from_data
 from harness.shaping import Shaper, open_shaper, state_at
@@ -219,6 +219,34 @@ APPLY_PRIORITY = 10  # SCHED_FIFO of this process while it applies the phase: ab
 PhaseRun = tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float, float]
 
 
+def _outside_apply(samples: dict[tuple[int, int], list[Sample]], due: float, returned: float) -> dict[
+        tuple[int, int], list[float]]:
+    """Each link's one-way delays of the packets sent before the phase's apply() was called or more than
+    the deadline after it returned, (0, 1) left out (its delay changes in the probe)."""
+    return {link: [s.forward_us for s in got if s.send_wall < due or s.send_wall > returned + suite.PHASE_DEADLINE_S]
+            for link, got in samples.items() if link != (0, 1)}
+
+
+def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, returned: float) -> float:
+    """The largest share of a link's packets that lie beyond the stall window in the phase probe, counting
+    only packets sent outside the apply() window (:func:`_outside_apply`).
+
+    Why not the suite's :func:`stalled_fraction` of the whole probe: in the guest the phase's apply()
+    runs at real-time priority above the probes' agents for 0.3-1.5 s of the 4 s probe (measured), so
+    the packets sent meanwhile wait for the guest's own work, 51-65 % of a link "stalled" beside a
+    CPU-bound process while the host gave QEMU its CPUs (its virtual CPUs waited 2-4 % of the time).
+    That is the emulator's cost of the change, not the host's, and not the link's: the tests judge the
+    change by when it took effect (from apply()'s return) and the other links by the packets outside it.
+    """
+    window = verdicts.STALL_FLOOR_US  # every link of the phase profile is 2 ms without jitter
+    worst = 0.0
+    for got in _outside_apply(samples, due, returned).values():
+        if got:
+            median = statistics.median(got)
+            worst = max(worst, sum(abs(v - median) > window for v in got) / len(got))
+    return worst
+
+
 @pytest.fixture(scope="module")
 def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
@@ -226,7 +254,7 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     (wall clock) beside when it was called; the change is applied at real-time priority above the
     probes (else the probes' agents keep it off the emulated CPUs). Its tests skip as too busy, as
     :func:`mixed`'s do, while even the least stalled try had more than MAX_STALL_FRACTION of a link's
-    packets stalled."""
+    packets stalled outside the apply() window (:func:`phase_stalls`)."""
     before = state_at(suite.PHASED, suite.N, 0.0)
     tries = []
     for _ in range(STALL_TRIES):
@@ -239,11 +267,12 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
         obs, results = finish_udp(run, suite.EVERY)
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
-        if stalled_fraction(before, obs) <= verdicts.MAX_STALL_FRACTION:
+        if phase_stalls(tries[-1][1], due, returned) <= verdicts.MAX_STALL_FRACTION:
             break
-    best = min(tries, key=lambda t: stalled_fraction(before, t[0]))
-    stalled = stalled_fraction(before, best[0])
-    _record("phase", stalled=[stalled_fraction(before, t[0]) for t in tries])
+    best = min(tries, key=lambda t: phase_stalls(t[1], t[2], t[3]))
+    stalled = phase_stalls(best[1], best[2], best[3])
+    _record("phase", stalled=[phase_stalls(t[1], t[2], t[3]) for t in tries],
+            whole_probe=[stalled_fraction(before, t[0]) for t in tries], apply_s=[t[3] - t[2] for t in tries])
     if stalled > verdicts.MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
                     f"{100 * verdicts.MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
@@ -268,16 +297,20 @@ def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun, baseline: Basel
 def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun, baseline: Baseline) -> None:
     """The suite's test on the guest's phase probe (deadline from apply()'s return, as above): no link
     lost a packet across the change, every other link kept 2 ms, 1 -> 0 kept 2 ms while its echoes
-    crossing 0 -> 1 took 30 ms."""
-    obs, samples, _, returned = phase_run
+    crossing 0 -> 1 took 30 ms. The other links' delays are judged on the packets sent outside the
+    apply() window (:func:`phase_stalls` says why)."""
+    obs, samples, due, returned = phase_run
+    outside = _outside_apply(samples, due, returned)
+    stalls = phase_stalls(samples, due, returned)
     for link in suite.EVERY:
         seen = obs.links[link]
         assert seen.lost == 0, f"{link} lost {seen.lost} of {seen.packets} packets across the change"
         if link == (0, 1):
             continue
-        row = check_delay(link, delay_model(state_at(suite.PHASED, suite.N, 0.0).links[link]), seen.one_way,
-                          baseline.one_way_mean_us, samples=seen.one_way_samples,
-                          host_stalls=stalled_fraction(state_at(suite.PHASED, suite.N, 0.0), obs))
+        # judged on the packets sent outside the apply() window (phase_stalls says why)
+        row = check_delay(link, delay_model(state_at(suite.PHASED, suite.N, 0.0).links[link]),
+                          Moments.of(outside[link]), baseline.one_way_mean_us, samples=outside[link],
+                          host_stalls=stalls)
         judged(row)
     after = [s for s in samples[(1, 0)] if s.send_wall > returned + suite.PHASE_DEADLINE_S]
     assert after and statistics.median(s.forward_us for s in after) < 30000 / 2
