@@ -23,9 +23,10 @@ What differs, and why (TCG emulates every instruction; measured on a 2-core host
   packets stalled (a guest that far behind loses echoes in its own buffers): never a pass. On the
   host, ``tests/integration/test_netem_vm.py`` accepts such a skip only if QEMU really waited for
   host CPUs meanwhile. Measured beside a CPU-bound process with QEMU real-time after boot
-  (scripts/netem-vm/run.sh): the mixed probe stalled 9.8 % (its delay, loss and untouched-link checks
-  passed; the jitter checks' limit, tail + 5 %, was 7.7 %), the phase probe 51-65 % (its apply()
-  runs at real-time priority 10 in the guest for 0.3-1.5 s of the 4 s probe): not yet restated.
+  (scripts/netem-vm/run.sh): the mixed probe stalled 9.8-16 % (its delay, loss and untouched-link
+  checks passed; the jitter checks' limit, tail + 5 %, was 7-7.7 %: not yet restated), the phase
+  probe 28-65 % over the whole probe but 0.7-4.5 % outside its apply() window, which is what
+  :func:`phase_stalls` now counts.
 """
 
 from __future__ import annotations
