@@ -93,9 +93,9 @@ class _NoCluster:
 
 @pytest.fixture(autouse=True)
 def _no_containers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.cluster
+    import harness.cluster.backend
 
-    monkeypatch.setattr(harness.cluster, "Cluster", _NoCluster)
+    monkeypatch.setattr(harness.cluster.backend, "open_cluster", _NoCluster)  # what the command opens
 
 
 @pytest.mark.parametrize("case", [

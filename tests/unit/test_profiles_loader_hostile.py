@@ -54,7 +54,9 @@ def test_recursive_alias_is_refused() -> None:
 
 def test_deep_nesting_is_refused_before_it_is_built() -> None:
     error = refusal("name: " + "[" * 5000 + "]" * 5000 + "\n")
-    assert "nested more than" in str(error)
+    # Our own depth check, or (PyYAML >= 6.0.4, whose parser has a nesting limit of its own) the
+    # parser's refusal: either way a profile error before any node is built.
+    assert "nested more than" in str(error) or "maximum nesting depth" in str(error)
 
 
 def test_a_5mb_file_is_refused_by_its_size(tmp_path: Path) -> None:
