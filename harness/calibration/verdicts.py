@@ -174,7 +174,7 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
                 f"{_ms(stall_half_width_us(model)):.3f} ms from the median left out as host stalls "
                 f"(mean of all: {_ms(plain_mean - baseline_us):.3f} ms)")
     why += f"; {model.note}" if model.note else ""
-    limit = min(_host_limit(model), JITTER_STALL_FRACTION)
+    limit = _host_limit(model)
     if stalls > limit * n or host_stalls > limit:
         return Check(link, metric, "ms", want, _ms(value_us), low, high, CalibrationOutcome.UNKNOWN,
                      why + _too_busy(max(stalls / n, host_stalls), "delay", limit), n)
@@ -208,7 +208,7 @@ def check_jitter(link: tuple[int, int], model: DelayModel, measured: Moments | N
         why += (f"; {stalls} of {n} samples ({100 * stalls / n:.2f} %) more than "
                 f"{_ms(stall_half_width_us(model)):.3f} ms from the median: host stalls")
     why += f"; {model.note}" if model.note else ""
-    limit = min(_host_limit(model), JITTER_STALL_FRACTION)
+    limit = _host_limit(model)
     if stalls > limit * n or host_stalls > limit:
         return Check(link, metric, "ms", _ms(model.sd_us), _ms(sd_us), low, high, CalibrationOutcome.UNKNOWN,
                      why + _too_busy(max(stalls / n, host_stalls), "jitter", limit), n)
@@ -240,12 +240,14 @@ def _host_limit(model: DelayModel) -> float:
 
     Stalls are left out only beyond the window ``max(6 sd, 1 ms)``; a link with wider jitter than
     that floor keeps the stalls that land inside its own law, where nothing tells them apart, so
-    it is judged only while the host stalls little (:data:`HIDDEN_STALL_FRACTION`).
+    it is judged only while the host stalls little (:data:`HIDDEN_STALL_FRACTION`); any other link up
+    to :data:`JITTER_STALL_FRACTION`, the bound of both checks.
     """
-    return HIDDEN_STALL_FRACTION if stall_half_width_us(model) > STALL_FLOOR_US else MAX_STALL_FRACTION
+    wide = stall_half_width_us(model) > STALL_FLOOR_US
+    return min(HIDDEN_STALL_FRACTION, JITTER_STALL_FRACTION) if wide else JITTER_STALL_FRACTION
 
 
-def _too_busy(fraction: float, what: str, limit: float = MAX_STALL_FRACTION) -> str:
+def _too_busy(fraction: float, what: str, limit: float) -> str:
     return (f"; the host stalled {100 * fraction:.1f} % of a link's packets in this probe, more than "
             f"{100 * limit:g} %: the host is too busy to judge the {what}")
 
