@@ -109,7 +109,8 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     alpha = sidak(FAMILY_ALPHA, len(links))
     confidence = 1.0 - alpha
     rate = min(UDP_RATE_PPS, MAX_UDP_PPS / len(links))
-    count = _udp_count(state, links, confidence, quick, notes)
+    resolution = _loss_resolution(quick)
+    count = _udp_count(state, links, confidence, resolution, quick=quick, notes=notes)
     wait = _wait_s(state, links)
     transfers = _schedule(state, links, QUICK_WINDOW_S if quick else WINDOW_S)
     notes.append(f"loss checks at {confidence:.5f} each ({len(links)} links share a {FAMILY_ALPHA:.0%} "
@@ -120,7 +121,7 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     if unchecked:
         notes.append(f"{' and '.join(unchecked)} configured but not checked")
     return ProbePlan(tuple(links), count, rate, wait, min(BASELINE_COUNT, count), confidence, tuple(transfers),
-                     tuple(notes), _loss_resolution(quick))
+                     tuple(notes), resolution)
 
 
 def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links: int, seed: int,
@@ -157,8 +158,8 @@ def _loss_resolution(quick: bool) -> float:
     return 2 * LOSS_RESOLUTION if quick else LOSS_RESOLUTION
 
 
-def _udp_count(state: LinkState, links: list[Link], confidence: float, quick: bool, notes: list[str]) -> int:
-    resolution = _loss_resolution(quick)
+def _udp_count(state: LinkState, links: list[Link], confidence: float, resolution: float, *, quick: bool,
+               notes: list[str]) -> int:
     checked = set(links)
     need = QUICK_MIN_COUNT if quick else MIN_COUNT
     for s, d in links:
