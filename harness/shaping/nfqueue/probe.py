@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 _REQUEST = struct.Struct("!IQ")  # sequence number, client send time (ns)
 _STAMP = struct.Struct("!Q")  # server receive time (ns), appended to the echo
+#: Once every request is answered, the probe waits this long past the round-trip spread for more.
+LINGER_NS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -84,16 +86,28 @@ def probe(
     size: int = 64,
     wait_s: float = 1.0,
 ) -> ProbeResult:
-    """Send ``count`` requests ``interval_us`` apart; collect echoes until ``wait_s`` after the last."""
+    """Send ``count`` requests ``interval_us`` apart; collect echoes until ``wait_s`` after the last.
+
+    It stops early once every request has been answered at least once and nothing more has
+    arrived for the spread of the round-trip times seen so far plus :data:`LINGER_NS` (a late
+    duplicate of the last replies lags its original by at most about that spread, its own
+    delay draw). Counting replies instead would stop as soon as duplicates made up for the
+    requests still in flight, and drop the last replies of a link that duplicates (and with them
+    the duplicates it was asked to count).
+    """
+    if count < 1:
+        raise ValueError(f"probe: count must be >= 1, got {count}")
     pad = b"\0" * max(0, size - _REQUEST.size)
     sock.setblocking(False)
     seqs: list[int] = []
+    answered: set[int] = set()
     sends: list[int] = []
     rtts: list[float] = []
     one_way: list[float] = []
     start = time.monotonic_ns()
     sent = 0
     deadline = None
+    last_arrival = start
     buf = bytearray(65536)
     while True:
         now = time.monotonic_ns()
@@ -103,9 +117,12 @@ def probe(
             if sent == count:
                 deadline = now + int(wait_s * 1e9)
             continue
-        if deadline is not None and (now >= deadline or len(seqs) >= count):
+        quiet_until = None
+        if deadline is not None and len(answered) >= count:
+            quiet_until = last_arrival + int((max(rtts) - min(rtts)) * 1000) + LINGER_NS
+        if deadline is not None and (now >= deadline or (quiet_until is not None and now >= quiet_until)):
             break
-        wake = start + sent * interval_us * 1000 if sent < count else (deadline or now)
+        wake = start + sent * interval_us * 1000 if sent < count else min(deadline or now, quiet_until or now + 10**12)
         select.select([sock], [], [], max(0.0, (wake - now) / 1e9))
         while True:
             try:
@@ -113,11 +130,13 @@ def probe(
             except BlockingIOError:
                 break
             got = time.monotonic_ns()
+            last_arrival = got
             if n < _REQUEST.size + _STAMP.size:
                 continue
             seq, t_send = _REQUEST.unpack_from(buf, 0)
             (t_server,) = _STAMP.unpack_from(buf, n - _STAMP.size)
             seqs.append(seq)
+            answered.add(seq)
             sends.append(t_send)
             rtts.append((got - t_send) / 1000)
             one_way.append((t_server - t_send) / 1000)
