@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv with Squall installed (editable, with the dev extras), and
-# re-install only when pyproject.toml changed since the last install.
+# Create .venv with Squall installed (editable, with the dev extras) at the versions
+# constraints.txt pins, and re-install only when pyproject.toml or constraints.txt changed
+# since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +20,7 @@ if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; t
     exit 1
 fi
 
-if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt constraints.txt ]; then
     exit 0
 fi
 
@@ -38,7 +39,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     fi
 fi
 
-log "installing Squall and its dependencies into $VENV (torch pinned to the CPU build)..."
+log "installing Squall and its dependencies into $VENV (versions from constraints.txt; torch the CPU build)..."
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e '.[dev]' 2>&1 | { grep -v -e "is ignored: it is neither" -e "BuildBackendWarning" || true; }
+"$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' 2>&1 | { grep -v -e "is ignored: it is neither" -e "BuildBackendWarning" || true; }
 touch "$STAMP"
