@@ -50,7 +50,7 @@ from harness.calibration.observations import Sample, UdpObservation, raw_samples
 from harness.calibration.probing import finish_udp, run_udp, start_udp
 from harness.calibration.runner import STALL_TRIES
 from harness.calibration.stats import Moments, without_stalls
-from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay
+from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay, check_jitter
 from harness.profiles import profile_from_data
 from harness.shaping import Shaper, open_shaper, state_at
 from harness.shaping.nfqueue.probe import realtime
@@ -62,7 +62,6 @@ from tests.integration.test_shaping_conformance import (  # noqa: F401  (collect
     rates,
     test_delay_mean,
     test_iperf3_gets_the_link_rate,
-    test_jitter_sd,
     test_links_without_settings_stay_untouched,
     test_loss_inside_the_99_percent_binomial_region,
     test_ping_rtt_is_the_sum_of_both_directions,
@@ -208,6 +207,52 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     return obs
 
 
+#: The jitter rows' own probe: the two jittered links of :data:`suite.MIXED` and, to see the host's stalls
+#: (which a wide jitter's window hides), the two untouched links from the same senders.
+JITTER_LINKS = ((2, 0), (3, 1), (2, 3), (3, 2))
+
+
+@pytest.fixture(scope="module")
+def jitter_probe(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
+    """Name: jitter_probe. Scope: module. Depends: shaper. The mixed state's jittered links probed on their
+    own (:data:`JITTER_LINKS`, the mixed probe's count and rate), again up to STALL_TRIES times while
+    more of a link's packets stalled than a wide-jitter link's checks accept (HIDDEN_STALL_FRACTION,
+    raised by the path's own tail in :func:`baseline`); the least stalled try.
+
+    Why not the mixed probe, as on the host: a jitter wider than the stall window keeps the stalls
+    that land inside its law, so those checks accept few stalls (8.5 % here), and the mixed probe's
+    twelve links load the two emulated CPUs so that 9.8-16 % of a link stalled beside a CPU-bound
+    process (measured; its s.d.s were in tolerance but unjudgeable). Four links are a third of that
+    load. The checks and their bounds are the suite's, unchanged; the stall share is still taken
+    over every link of this probe, the untouched ones included, so no stall goes unseen.
+    """
+    state = state_at(suite.MIXED, suite.N, 0.0)
+    shaper.apply(state)
+    tries: list[UdpObservation] = []
+    for _ in range(STALL_TRIES):
+        tries.append(run_udp(cluster, JITTER_LINKS, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
+                             rate_pps=suite.RATE_PPS, wait_s=0.9)[0])
+        if stalled_fraction(state, tries[-1]) <= verdicts.HIDDEN_STALL_FRACTION:
+            break
+    shaper.check()
+    for obs in tries:
+        assert obs.shared_clock and not obs.problems, obs.problems
+    _record("jitter", stalled=[stalled_fraction(state, t) for t in tries])
+    return min(tries, key=lambda obs: stalled_fraction(state, obs))
+
+
+@pytest.mark.parametrize("link", [(2, 0), (3, 1)], ids=["uniform-5ms", "normal-2ms"])
+def test_jitter_sd(jitter_probe: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+    """The suite's test_jitter_sd (the same checks, bounds and links) on :func:`jitter_probe`."""
+    seen = jitter_probe.links[link]
+    spec = state_at(suite.MIXED, suite.N, 0.0).links[link]
+    stalled = stalled_fraction(state_at(suite.MIXED, suite.N, 0.0), jitter_probe)
+    judged(check_jitter(link, delay_model(spec), seen.one_way, baseline.one_way_sd_us,
+                        samples=seen.one_way_samples, host_stalls=stalled))
+    judged(check_delay(link, delay_model(spec), seen.one_way, baseline.one_way_mean_us,
+                       samples=seen.one_way_samples, host_stalls=stalled))
+
+
 def _record(probe: str, **figures: Any) -> None:
     """One line of what a shared probe measured (``guest_probes.jsonl``): the figures behind a skip or a pass."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -248,6 +293,27 @@ def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, retur
     return worst
 
 
+def _stalls_in_time(samples: dict[tuple[int, int], list[Sample]], due: float) -> dict[str, list[int]]:
+    """Where in the phase probe the stalls lie: per half second from the probe's first packet, the
+    packets beyond the stall window (all links but (0, 1)) and all packets; apply() is called at ``due``
+    (recorded in guest_probes.jsonl, so that a stalled try can be read afterwards)."""
+    sent = [s.send_wall for got in samples.values() for s in got]
+    if not sent:
+        return {}
+    start, window = min(sent), verdicts.STALL_FLOOR_US
+    bins = int((max(sent) - start) / 0.5) + 1
+    stalls, packets = [0] * bins, [0] * bins
+    for link, got in samples.items():
+        if link == (0, 1) or not got:
+            continue
+        median = statistics.median(s.forward_us for s in got)
+        for s in got:
+            b = int((s.send_wall - start) / 0.5)
+            packets[b] += 1
+            stalls[b] += abs(s.forward_us - median) > window
+    return {"stalled": stalls, "packets": packets, "apply_bin": [int((due - start) / 0.5)]}
+
+
 @pytest.fixture(scope="module")
 def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
@@ -268,12 +334,15 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
         obs, results = finish_udp(run, suite.EVERY)
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
-        if phase_stalls(tries[-1][1], due, returned) <= verdicts.MAX_STALL_FRACTION:
+        # again while more stalled than the per-pair test's delay checks accept (their bound, not the
+        # whole probe's: a try with 22.9 % stalled was kept so, and its delays were unjudgeable)
+        if phase_stalls(tries[-1][1], due, returned) <= verdicts.JITTER_STALL_FRACTION:
             break
     best = min(tries, key=lambda t: phase_stalls(t[1], t[2], t[3]))
     stalled = phase_stalls(best[1], best[2], best[3])
     _record("phase", stalled=[phase_stalls(t[1], t[2], t[3]) for t in tries],
-            whole_probe=[stalled_fraction(before, t[0]) for t in tries], apply_s=[t[3] - t[2] for t in tries])
+            whole_probe=[stalled_fraction(before, t[0]) for t in tries], apply_s=[t[3] - t[2] for t in tries],
+            stalls_by_half_second=[_stalls_in_time(t[1], t[2]) for t in tries])
     if stalled > verdicts.MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
                     f"{100 * verdicts.MAX_STALL_FRACTION:g} %): too busy to judge the phase change")
