@@ -8,7 +8,7 @@ always receives the *whole* state, never a delta, so a backend may diff or rebui
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -60,3 +60,20 @@ class Shaper(Protocol):
 
     def close(self) -> None:
         """:meth:`clear`, then stop helpers; safe to call twice."""
+
+
+@runtime_checkable
+class MultiHostShaper(Shaper, Protocol):
+    """A shaper that can be one of several, one per host of a multi-host run (a swarm's node agents).
+
+    It is opened on every endpoint of the run, since its plan needs every address, but only some
+    endpoints' namespaces are on its host; :meth:`place` names the others. An endpoint elsewhere is
+    planned and never entered, as a namespace that is gone is, until :meth:`replace_endpoint` brings
+    one to this host.
+    """
+
+    def place(self, elsewhere: Collection[int]) -> None:
+        """The endpoints ``elsewhere`` run on other hosts: shape nothing in their namespaces here."""
+
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """An endpoint on another host restarted: take its new address, still enter nothing of it."""

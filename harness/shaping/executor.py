@@ -208,6 +208,18 @@ class Applier:
         if node.wanted is not None:
             self.apply({endpoint.index: node.wanted})
 
+    def elsewhere(self, endpoint: Endpoint) -> None:
+        """This node's namespace is on another host: keep its plan, never enter it (until :meth:`replace`).
+
+        The same state as a namespace that is gone; ``endpoint`` records where it is now (its address
+        is what the other nodes' plans use).
+        """
+        node = self.nodes.get(endpoint.index)
+        if node is None:
+            raise ShapingError(f"node {endpoint.index} is not one of this shaper's endpoints")
+        node.endpoint = endpoint
+        self._forget(node)
+
     def check(self) -> None:
         """Raise if a node is in an unknown state after a failed rollback."""
         broken = {i: n.broken for i, n in self.nodes.items() if n.broken}

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from harness.shaping.base import Endpoint, LinkState, ShapingError
 from harness.shaping.executor import Applier, locked
@@ -77,6 +77,34 @@ class NetemShaper:
         self._applier.replace(endpoint)
         if self._state is not None and old.address != endpoint.address:
             self.apply(self._state)
+
+    @locked
+    def place(self, elsewhere: Collection[int]) -> None:
+        """The endpoints ``elsewhere`` run on other hosts (see :class:`~harness.shaping.base.MultiHostShaper`).
+
+        Netem shapes in the sender's namespace, so nothing else changes: a link to an endpoint
+        elsewhere is shaped here by its address, a link from one by that host's shaper.
+        """
+        self._require_open()
+        for index in elsewhere:
+            self._applier.elsewhere(self._known(index))
+
+    @locked
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """An endpoint on another host restarted: re-plan this host's links to it if its address changed."""
+        self._require_open()
+        old = self._known(endpoint.index)
+        self._endpoints[endpoint.index] = endpoint
+        validated(list(self._endpoints.values()), LinkState({}))
+        self._applier.elsewhere(endpoint)
+        if self._state is not None and old.address != endpoint.address:
+            self.apply(self._state)
+
+    def _known(self, index: int) -> Endpoint:
+        endpoint = self._endpoints.get(index)
+        if endpoint is None:
+            raise ShapingError(f"node {index} is not one of this shaper's endpoints")
+        return endpoint
 
     def check(self) -> None:
         """Raise if a node was left in an unknown state; netem itself cannot die."""

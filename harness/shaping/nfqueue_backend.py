@@ -34,7 +34,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from harness.shaping.base import Endpoint, LinkState, ShapingError
 from harness.shaping.executor import Applier, locked
@@ -238,9 +238,43 @@ class NfqueueShaper:
             raise ShapingError(f"node {endpoint.index}: its new veth is on a bridge in {where}, not in {self._netns}")
         self._endpoints[endpoint.index] = endpoint
         validated(list(self._endpoints.values()), LinkState({}))
+        if self._hold.receivers is not None:  # one host of several: the bridge here holds this receiver now
+            self._hold.receivers = (self._hold.receivers - {old.address}) | {endpoint.address}
         self._applier.replace(endpoint)
         if self._state is not None and old.address != endpoint.address:
             self.apply(self._state)
+
+    @locked
+    def place(self, elsewhere: Collection[int]) -> None:
+        """The endpoints ``elsewhere`` run on other hosts (see :class:`~harness.shaping.base.MultiHostShaper`).
+
+        Besides leaving their namespaces alone, the bridge hold here keeps only the rules of this
+        host's receivers: a packet between hosts crosses the sender's host's bridge and then the
+        receiver's, and held on both it would wait twice. Takes effect at the next :meth:`apply`.
+        """
+        self._require_open()
+        away = set(elsewhere)
+        for index in away:
+            self._applier.elsewhere(self._known(index))
+        self._hold.receivers = frozenset(ep.address for i, ep in self._endpoints.items() if i not in away)
+
+    @locked
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """An endpoint on another host restarted: nothing changes here while its address stays.
+
+        Its own host re-applies its namespace. A new address would change the hold plan of this
+        host's receivers for an endpoint whose bridge is not here: refused rather than half-applied.
+        """
+        self._require_open()
+        if self._known(endpoint.index).address != endpoint.address:
+            raise ShapingError(f"worker {endpoint.index} on another host came back with a new address "
+                               f"{endpoint.address}; the nfqueue shaper here cannot re-plan for it (reopen it)")
+
+    def _known(self, index: int) -> Endpoint:
+        endpoint = self._endpoints.get(index)
+        if endpoint is None:
+            raise ShapingError(f"node {index} is not one of this shaper's endpoints")
+        return endpoint
 
     def check(self) -> None:
         """Raise :class:`ShapingError` if the daemon died (links unshaped) or a node is in an unknown state."""

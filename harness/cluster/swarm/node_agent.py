@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,8 @@ from docker import errors as docker_errors
 from harness.cluster.agent_client import AgentClient
 from harness.cluster.errors import JobError
 from harness.cluster.swarm import wire
-from harness.shaping.base import Endpoint, LinkState, Shaper, ShapingError
-from harness.shaping.nfqueue.hold import ELSEWHERE_PREFIX, elsewhere
-from harness.shaping.nfqueue_backend import NfqueueShaper
+from harness.shaping.base import Endpoint, LinkState, MultiHostShaper, Shaper, ShapingError
+from harness.shaping.nfqueue.hold import ELSEWHERE_PREFIX
 
 logger = logging.getLogger("squall.node_agent")
 
@@ -238,8 +238,7 @@ class Agent:
                 shaper: Shaper = IdleShaper(backend or _default_backend())
             else:
                 shaper = open_shaper(mine, run_id=self.config.run_id, backend=backend)
-                _not_here(shaper, others)
-                _hold_only(shaper, {ep.address for ep in mine if ep.index not in others})
+                _multi_host(shaper).place(others)
             self.shaper = shaper
             logger.info("shaper %s open: %d endpoints here, %d elsewhere", shaper.backend, len(mine) - len(others),
                         len(others))
@@ -270,15 +269,10 @@ class Agent:
                 here = bool(cid) and request.get("node") == self.node
                 netns = self.netns_of(str(cid)) if here else self._placeholder.name
                 endpoint = Endpoint(int(request["index"]), str(request["address"]), netns)
-                hold = getattr(shaper, "_hold", None)
-                if here and hold is not None and hold.receivers is not None:
-                    hold.receivers = frozenset({*hold.receivers, endpoint.address})
-                if here or not isinstance(shaper, NfqueueShaper):
+                if here:
                     shaper.replace_endpoint(endpoint)
-                    if not here:
-                        _not_here(shaper, [int(request["index"])])
                 else:
-                    _elsewhere_restarted(shaper, endpoint)
+                    _multi_host(shaper).replace_elsewhere(endpoint)
             else:
                 raise ValueError(f"unknown shaping command {cmd!r}")
 
@@ -327,44 +321,11 @@ class Agent:
         self._placeholder.close()
 
 
-def _not_here(shaper: Shaper, indices: list[int]) -> None:
-    """Tell the shaper that these endpoints' namespaces are on other nodes: it skips them.
-
-    The shapers treat a namespace that is gone exactly this way (a killed container's): planned,
-    never entered, until ``replace_endpoint``. They keep that state in their applier.
-    """
-    applier = getattr(shaper, "_applier", None)
-    if applier is None:
-        if indices:
-            raise ShapingError(f"the {shaper.backend} shaper cannot leave endpoints on other nodes alone")
-        return
-    for i in indices:
-        applier._forget(applier.nodes[i])
-
-
-def _hold_only(shaper: Shaper, addresses: set[str]) -> None:
-    """Tell an nfqueue shaper's bridge hold which receivers are on this node (it holds only theirs).
-
-    A packet between nodes crosses the sender's node's bridge and then the receiver's: held on
-    both it would wait twice. The netem backend shapes in the sender's namespace and needs nothing.
-    """
-    hold = getattr(shaper, "_hold", None)
-    if hold is not None:
-        hold.receivers = frozenset(addresses)
-
-
-def _elsewhere_restarted(shaper: Shaper, endpoint: Endpoint) -> None:
-    """A worker on another node restarted: this node's nfqueue shaper needs only its (new) address.
-
-    Its node re-applies its namespace; here nothing changes while the address stays. A new address
-    would change the plan of this node's receivers, which the nfqueue shaper cannot take for an
-    endpoint it does not hold (it looks for its bridge): refused rather than left half-applied.
-    """
-    current = getattr(shaper, "_endpoints", {}).get(endpoint.index)
-    if current is not None and current.address == endpoint.address:
-        return
-    raise ShapingError(f"worker {endpoint.index} on another node came back with a new address {endpoint.address}; "
-                       "the nfqueue shaper on this node cannot re-plan for it (reopen the shaper)")
+def _multi_host(shaper: Shaper) -> MultiHostShaper:
+    """``shaper`` as one host's shaper of several; refused for a backend that cannot be one."""
+    if not isinstance(shaper, MultiHostShaper):
+        raise ShapingError(f"the {shaper.backend} shaper cannot leave endpoints on other nodes alone")
+    return shaper
 
 
 def _default_backend() -> str:
@@ -392,9 +353,14 @@ class IdleShaper:
         """Nothing can have stopped."""
 
     def replace_endpoint(self, endpoint: Endpoint) -> None:
-        """A worker on another node restarted: nothing here; one restarted here cannot be (it never ran here)."""
-        if not elsewhere(endpoint.netns):
-            raise ShapingError(f"worker {endpoint.index} now runs on this node, which opened no shaper: reopen it")
+        """A worker restarted on this node, which opened no shaper since none ran here: reopen it."""
+        raise ShapingError(f"worker {endpoint.index} now runs on this node, which opened no shaper: reopen it")
+
+    def place(self, elsewhere: Collection[int]) -> None:
+        """Every endpoint is elsewhere already."""
+
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """A worker on another node restarted: nothing here."""
 
     def close(self) -> None:
         """Nothing to stop."""
