@@ -186,9 +186,21 @@ def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster, baseline: 
         s.close()
 
 
+#: Tries of a shared probe (mixed, jitter, phase) while too much of it stalled: calibration's STALL_TRIES
+#: and one more, because the guest's stalls vary from try to try (one link's share in the mixed probe
+#: beside a CPU-bound process: 5.5-24 % across runs, measured) and a probe is chosen by its stalls
+#: only, never by its verdicts.
+GUEST_STALL_TRIES = STALL_TRIES + 1
+
+
 @pytest.fixture(scope="module")
 def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     """Name: mixed. Scope: module. Depends: shaper. The suite's mixed probe (same state, count, tries).
+
+    Probed again (up to :data:`GUEST_STALL_TRIES`) while more of a link stalled than its delay checks
+    accept (JITTER_STALL_FRACTION, raised by the path's tail), not only above the whole probe's bound
+    as the suite's ``_judgeable`` does: a try with 24.2 % stalled was kept so, and every delay row on it
+    was "too busy" (the host's virtual CPUs waited 3.5 %). The least stalled try is used.
 
     Unlike on the host, every test on it skips as too busy while even the least stalled try had more
     than MAX_STALL_FRACTION of some link's packets stalled: a guest that far behind loses echoes in
@@ -197,10 +209,18 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     """
     state = state_at(suite.MIXED, suite.N, 0.0)
     shaper.apply(state)
-    obs = suite._judgeable(state, lambda: run_udp(cluster, suite.EVERY, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
-                                                  rate_pps=suite.RATE_PPS, wait_s=0.9)[0], shaper)
+    tries: list[UdpObservation] = []
+    for _ in range(GUEST_STALL_TRIES):
+        tries.append(run_udp(cluster, suite.EVERY, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
+                             rate_pps=suite.RATE_PPS, wait_s=0.9)[0])
+        if stalled_fraction(state, tries[-1]) <= verdicts.JITTER_STALL_FRACTION:
+            break
+    shaper.check()
+    for o in tries:
+        assert o.shared_clock and not o.problems, o.problems
+    obs = min(tries, key=lambda o: stalled_fraction(state, o))
     stalled = stalled_fraction(state, obs)
-    _record("mixed", stalled=stalled)
+    _record("mixed", stalled=stalled, tries=[stalled_fraction(state, o) for o in tries])
     if stalled > verdicts.MAX_STALL_FRACTION:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
                     f"{100 * verdicts.MAX_STALL_FRACTION:g} %): too busy to judge delay, jitter or loss")
@@ -215,7 +235,7 @@ JITTER_LINKS = ((2, 0), (3, 1), (2, 3), (3, 2))
 @pytest.fixture(scope="module")
 def jitter_probe(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     """Name: jitter_probe. Scope: module. Depends: shaper. The mixed state's jittered links probed on their
-    own (:data:`JITTER_LINKS`, the mixed probe's count and rate), again up to STALL_TRIES times while
+    own (:data:`JITTER_LINKS`, the mixed probe's count and rate), again up to GUEST_STALL_TRIES times while
     more of a link's packets stalled than a wide-jitter link's checks accept (HIDDEN_STALL_FRACTION,
     raised by the path's own tail in :func:`baseline`); the least stalled try.
 
@@ -229,7 +249,7 @@ def jitter_probe(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     state = state_at(suite.MIXED, suite.N, 0.0)
     shaper.apply(state)
     tries: list[UdpObservation] = []
-    for _ in range(STALL_TRIES):
+    for _ in range(GUEST_STALL_TRIES):
         tries.append(run_udp(cluster, JITTER_LINKS, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
                              rate_pps=suite.RATE_PPS, wait_s=0.9)[0])
         if stalled_fraction(state, tries[-1]) <= verdicts.HIDDEN_STALL_FRACTION:
@@ -324,7 +344,7 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     packets stalled outside the apply() window (:func:`phase_stalls`)."""
     before = state_at(suite.PHASED, suite.N, 0.0)
     tries = []
-    for _ in range(STALL_TRIES):
+    for _ in range(GUEST_STALL_TRIES):
         shaper.apply(before)
         run = start_udp(cluster, suite.EVERY, count=int(PHASE_PROBE_S * suite.RATE_PPS),  # type: ignore[arg-type]
                         rate_pps=suite.RATE_PPS, wait_s=0.5)
