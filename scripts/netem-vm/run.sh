@@ -112,6 +112,7 @@ timeout --foreground --kill-after=10 "$TIMEOUT" "${NICE[@]}" qemu-system-x86_64 
     -append "console=ttyS0 panic=-1 edd=off quiet loglevel=3 $GUEST_TUNING squall.repo=$REPO CI=${CI:-true}" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$OUT,mount_tag=out,security_model=none,multidevs=remap" \
+    -virtfs "local,path=$REPO,mount_tag=repo,security_model=none,readonly=on,multidevs=remap" \
     </dev/null >"$OUT/console.log" 2>&1 &
 vm=$!
 trap 'kill "$vm" 2>/dev/null' EXIT INT TERM  # whatever ends this script ends the VM
