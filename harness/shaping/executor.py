@@ -50,6 +50,14 @@ class NodeState:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def endpoint_of(endpoints: Mapping[int, Endpoint], index: int) -> Endpoint:
+    """The shaper's endpoint ``index``; :class:`ShapingError` when it has none."""
+    endpoint = endpoints.get(index)
+    if endpoint is None:
+        raise ShapingError(f"node {index} is not one of this shaper's endpoints")
+    return endpoint
+
+
 def locked(method: F) -> F:
     """Run a shaper method under the shaper's ``_lock`` (one change at a time)."""
 

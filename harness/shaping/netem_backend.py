@@ -27,7 +27,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 
 from harness.shaping.base import Endpoint, LinkState, ShapingError
-from harness.shaping.executor import Applier, locked
+from harness.shaping.executor import Applier, endpoint_of, locked
 from harness.shaping.ops import Netem, NodePlan, QdiscOp, RuleOp, TcOp
 from harness.shaping.plan import plan_netem, validated
 
@@ -69,9 +69,7 @@ class NetemShaper:
     def replace_endpoint(self, endpoint: Endpoint) -> None:
         """Node restarted: apply its part of the current state in its new namespace."""
         self._require_open()
-        old = self._endpoints.get(endpoint.index)
-        if old is None:
-            raise ShapingError(f"node {endpoint.index} is not one of this shaper's endpoints")
+        old = endpoint_of(self._endpoints, endpoint.index)
         self._endpoints[endpoint.index] = endpoint
         validated(list(self._endpoints.values()), LinkState({}))
         self._applier.replace(endpoint)
@@ -87,24 +85,18 @@ class NetemShaper:
         """
         self._require_open()
         for index in elsewhere:
-            self._applier.elsewhere(self._known(index))
+            self._applier.elsewhere(endpoint_of(self._endpoints, index))
 
     @locked
     def replace_elsewhere(self, endpoint: Endpoint) -> None:
         """An endpoint on another host restarted: re-plan this host's links to it if its address changed."""
         self._require_open()
-        old = self._known(endpoint.index)
+        old = endpoint_of(self._endpoints, endpoint.index)
         self._endpoints[endpoint.index] = endpoint
         validated(list(self._endpoints.values()), LinkState({}))
         self._applier.elsewhere(endpoint)
         if self._state is not None and old.address != endpoint.address:
             self.apply(self._state)
-
-    def _known(self, index: int) -> Endpoint:
-        endpoint = self._endpoints.get(index)
-        if endpoint is None:
-            raise ShapingError(f"node {index} is not one of this shaper's endpoints")
-        return endpoint
 
     def check(self) -> None:
         """Raise if a node was left in an unknown state; netem itself cannot die."""

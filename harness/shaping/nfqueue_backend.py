@@ -37,7 +37,7 @@ import time
 from collections.abc import Collection, Sequence
 
 from harness.shaping.base import Endpoint, LinkState, ShapingError
-from harness.shaping.executor import Applier, locked
+from harness.shaping.executor import Applier, endpoint_of, locked
 from harness.shaping.leftovers import make_workdir
 from harness.shaping.nfqueue import hold, hold_plan
 from harness.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
@@ -230,9 +230,7 @@ class NfqueueShaper:
         """Node restarted: re-apply its rules and tc in the new namespace (its queues stay on the bridge)."""
         self._require_open()
         self.check()
-        old = self._endpoints.get(endpoint.index)
-        if old is None:
-            raise ShapingError(f"node {endpoint.index} is not one of this shaper's endpoints")
+        old = endpoint_of(self._endpoints, endpoint.index)
         where = hold.bridge_namespace([endpoint])
         if not same_namespace(where, self._netns):
             raise ShapingError(f"node {endpoint.index}: its new veth is on a bridge in {where}, not in {self._netns}")
@@ -255,7 +253,7 @@ class NfqueueShaper:
         self._require_open()
         away = set(elsewhere)
         for index in away:
-            self._applier.elsewhere(self._known(index))
+            self._applier.elsewhere(endpoint_of(self._endpoints, index))
         self._hold.receivers = frozenset(ep.address for i, ep in self._endpoints.items() if i not in away)
 
     @locked
@@ -266,15 +264,9 @@ class NfqueueShaper:
         host's receivers for an endpoint whose bridge is not here: refused rather than half-applied.
         """
         self._require_open()
-        if self._known(endpoint.index).address != endpoint.address:
+        if endpoint_of(self._endpoints, endpoint.index).address != endpoint.address:
             raise ShapingError(f"worker {endpoint.index} on another host came back with a new address "
                                f"{endpoint.address}; the nfqueue shaper here cannot re-plan for it (reopen it)")
-
-    def _known(self, index: int) -> Endpoint:
-        endpoint = self._endpoints.get(index)
-        if endpoint is None:
-            raise ShapingError(f"node {index} is not one of this shaper's endpoints")
-        return endpoint
 
     def check(self) -> None:
         """Raise :class:`ShapingError` if the daemon died (links unshaped) or a node is in an unknown state."""
