@@ -17,9 +17,11 @@ is no single point of failure beyond one group's round.
   peer that is following someone else, ``REJECT not_leader``.
 * A group needs ``min_group`` members. A peer without candidates waits for its view to change
   until ``matchmaking_s`` has passed (so a peer that is briefly alone, e.g. at start-up, does not
-  race through rounds that its groupmates have yet to do); a leader left alone rejects its joiners
-  and the round is skipped. A ``GROUP`` that reaches a peer which already gave up is answered with an exclusion
-  notice to every member, so nobody waits for it (:mod:`.allreduce`).
+  race through rounds that its groupmates have yet to do), except when every other alive peer of
+  its line already announced a later round: nobody comes back to this round, so it skips it at
+  once and catches up; a leader left alone rejects its joiners and the round is skipped. A
+  ``GROUP`` that reaches a peer which already gave up is answered with an exclusion notice to
+  every member, so nobody waits for it (:mod:`.allreduce`).
 
 Peers whose views differ (one believes the leader is dead, another not) may form two groups in a
 line; each is consistent (one leader decides each group), so the average stays exact within
@@ -141,7 +143,7 @@ class Matchmaker:
             while True:
                 mates = self._candidates(round)
                 if mates is None or len(mates) < self.min_group:
-                    if self.clock() >= deadline:
+                    if self.clock() >= deadline or self._left_behind(round):
                         return None
                     self.phase = Phase.IDLE  # alone for now: keep any JOIN, wait for the view to change
                     await self._wait(deadline)
@@ -177,6 +179,21 @@ class Matchmaker:
         peers = self.membership.peers
         mates = candidates(cells, self.grid, self.net.rank, round)
         return tuple(r for r in mates if r == self.net.rank or peers[r].round <= round)
+
+    def _left_behind(self, round: int) -> bool:
+        """True when this round's line has other alive peers and every one of them announced a later round.
+
+        Rounds only go forward, so none of them will come back to this one: waiting out ``matchmaking_s``
+        would only put this peer further behind (a restarted peer that joined a few rounds late then
+        skipped every round until the end, each one waiting for a mate already ahead).
+        """
+        now = self.clock()
+        cells = self.membership.cells(now)
+        if self.net.rank not in cells:
+            return False
+        peers = self.membership.peers
+        others = [r for r in candidates(cells, self.grid, self.net.rank, round) if r != self.net.rank]
+        return bool(others) and all(peers[r].round > round for r in others)
 
     def _key(self, round: int) -> list[int]:
         assert self.membership.cell is not None

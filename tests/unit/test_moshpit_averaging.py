@@ -344,3 +344,44 @@ def test_restarted_peer_downloads_state_catches_up_to_the_round_and_averages_aga
             await swarm.close()
 
     asyncio.run(main())
+
+
+def test_a_peer_left_behind_skips_the_rounds_its_mates_already_did_and_averages_with_them_in_time() -> None:
+    """Rank 3 sits out 4 rounds; then it must reach the swarm's round before its mate's matchmaking ends.
+
+    Waiting ``matchmaking_s`` in each round whose mate is already past it (the old rule) would take 4 x 0.6 s,
+    and its mate, leading round 4, gives up after 0.6 s: the CI failure of a restarted Moshpit peer that skipped
+    every round until the end.
+    """
+    grid = Grid(2, 2)
+
+    async def main() -> None:
+        swarm = Swarm(grid, 4)
+        await swarm.start()
+        try:
+            xs = vectors(4, 32, seed=11)
+            ahead = [0, 1, 2]
+            for _ in range(4):
+                out = await swarm.round([xs[r] for r in ahead], ahead)
+                xs[:3] = [r.x for r in out]
+            assert [swarm.averagers[r].round for r in range(4)] == [4, 4, 4, 0]
+            await asyncio.sleep(3 * FAST.heartbeat_s)  # rank 3 hears the others' rounds
+
+            async def catch_up() -> list[RoundResult]:
+                late = swarm.averagers[3]
+                skipped = [await late.step(xs[3]) for _ in range(4)]
+                return [*skipped, await late.step(xs[3])]
+
+            mean = torch.stack(xs).mean(0)
+            late = asyncio.create_task(catch_up())
+            others = await asyncio.gather(*(swarm.averagers[r].step(xs[r]) for r in ahead))
+            mine = await late
+            assert [r.round for r in mine] == [0, 1, 2, 3, 4] and not any(r.ok for r in mine[:4])
+            assert all(r.ok for r in [*others, mine[4]]), [(r.round, r.ok) for r in [*others, mine[4]]]
+            assert mine[4].group is not None and len(mine[4].group.members) == 2
+            total = torch.stack([r.x for r in [*others, mine[4]]]).mean(0)
+            assert float((total - mean).abs().max()) <= EXACT_TOLERANCE  # the mean is kept
+        finally:
+            await swarm.close()
+
+    asyncio.run(main())
