@@ -32,7 +32,9 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "calibrate: false turns it off too)")
 
 
+#: Signals that stop a test session the way Ctrl-C does (a CI runner's cancel sends SIGTERM).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_PREVIOUS_HANDLERS = pytest.StashKey[dict[int, Any]]()
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def _stop_like_ctrl_c(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP end the session as Ctrl-C does: pytest stops at once and every fixture tears down.
+
+    Without this, the cluster layer's handler turns them into ``SystemExit``, which pytest counts as one
+    failed test and then carries on with the next (a cancelled CI job kept running, containers and all).
+    Only signals still at their default handler are taken over, and only in the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            previous[sig] = signal.signal(sig, _interrupt)
+    config.stash[_PREVIOUS_HANDLERS] = previous
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for sig, handler in config.stash.get(_PREVIOUS_HANDLERS, {}).items():
+        if signal.getsignal(sig) is _interrupt:
+            signal.signal(sig, handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _stop_like_ctrl_c(config)
     config.addinivalue_line(
         "markers",
         f"{MARKER}(protocols=[...], profiles=[...], workers=N, seeds=[...], seconds=S, steps=K, task=..., "
