@@ -17,10 +17,12 @@ skipped guest test whose busiest virtual CPU (or QEMU main) thread waited less t
 check as it stands"). The samples and each row's figures are left in the results directory
 (``host_sched.jsonl``, ``rows.json``).
 
-It runs with ``SQUALL_NETEM_VM=1`` (``make test-netem``); it is not yet part of ``make test``, because
-its full runs pass on the 2-core host it was written on, but not run after run (four of six beside a
-CPU-bound process; a quiet run from a fresh clone failed the per-pair phase row, whose probe the guest
-stalled without host load to explain it: see the README's testing section). With it, under
+It runs with ``SQUALL_NETEM_VM=1`` (``make test-netem``); it is not yet part of ``make test``. Earlier
+full runs passed four of six beside a CPU-bound process, and a quiet fresh-clone run failed the per-pair
+phase row: the guest stalled its probes without host load to explain it. The cause was the guest's
+``ksoftirqd`` (which releases netem's held packets) starved by the real-time probe agents; it now runs
+at real-time priority above them (``scripts/netem-vm/guest.sh``), and the fresh-clone runs since then
+are in the README's testing section. With it, under
 ``CI=true`` anything that keeps the VM from running (no root, no QEMU or kernel package to be had
 from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its time limit fails every
 guest test that did not run. On a kernel without netem the host's own
