@@ -17,17 +17,19 @@ skipped guest test whose busiest virtual CPU (or QEMU main) thread waited less t
 check as it stands"). The samples and each row's figures are left in the results directory
 (``host_sched.jsonl``, ``rows.json``).
 
-It runs with ``SQUALL_NETEM_VM=1`` (``make test-netem``); it is not yet part of ``make test``. Earlier
-full runs passed four of six beside a CPU-bound process, and a quiet fresh-clone run failed the per-pair
-phase row: the guest stalled its probes without host load to explain it. The cause was the guest's
-``ksoftirqd`` (which releases netem's held packets) starved by the real-time probe agents; it now runs
-at real-time priority above them (``scripts/netem-vm/guest.sh``), and the fresh-clone runs since then
-are in the README's testing section. With it, under
-``CI=true`` anything that keeps the VM from running (no root, no QEMU or kernel package to be had
-from apt, a VM that dies) is a failure; elsewhere it skips. A VM killed at its time limit fails every
-guest test that did not run. On a kernel without netem the host's own
-``[netem]`` rows are deselected where these rows stand for them (``tests/conftest.py``), which
-:func:`test_every_host_netem_test_has_a_guest_row` keeps honest.
+It is part of ``make test`` (``make test-netem`` runs it alone). Earlier full runs passed four of six
+beside a CPU-bound process, and a quiet fresh-clone run failed the per-pair phase row: the guest
+stalled its probes without host load to explain it. The cause was the guest's ``ksoftirqd`` (which
+releases netem's held packets) starved by the real-time probe agents; it now runs at real-time
+priority above them (``scripts/netem-vm/guest.sh``), and the fresh-clone runs since then, quiet and
+beside a CPU-bound process, passed with 0 failed and 0 skipped (README, testing section).
+``SQUALL_NETEM_VM=0`` switches it off on a laptop that cannot spare the minutes (the host's own
+``[netem]`` rows then run, or skip on a kernel without netem); under ``CI=true`` that switch is
+refused (every test here fails saying so), and anything that keeps the VM from running (no root, no
+QEMU or kernel package to be had from apt, a VM that dies) is a failure; elsewhere it skips with the
+reason. A VM killed at its time limit fails every guest test that did not run. On a kernel without
+netem the host's own ``[netem]`` rows are deselected where these rows stand for them
+(``tests/conftest.py``), which :func:`test_every_host_netem_test_has_a_guest_row` keeps honest.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ import pytest
 
 from harness.cluster.engine import in_ci
 from tests.netem_vm.host_watch import QemuWatch, starved_by_row
-from tests.netem_vm.rows import GUEST_TESTS, HOST_FILES, SWITCH, guest_row, is_netem_row, vm_switched_off
+from tests.netem_vm.rows import (
+    GUEST_TESTS,
+    HOST_FILES,
+    SWITCH,
+    guest_row,
+    is_netem_row,
+    switch_refused,
+    vm_switched_off,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "scripts" / "netem-vm" / "run.sh"
@@ -94,9 +104,11 @@ def _exclusive(path: str, *, wait_s: float | None, skip: bool = False) -> Iterat
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Name: guest. Scope: module. Boots the VM once; the guest's outcome per test id (progress.jsonl)."""
+    if switch_refused():
+        pytest.fail(f"{SWITCH}=0 is refused under CI=true: CI runs the netem backend on the netem VM")
     if vm_switched_off():
-        pytest.skip(f"the netem VM runs with {SWITCH}=1 (make test-netem), not yet in make test; the host's own "
-                    "[netem] rows run instead (or skip on a kernel without netem)")
+        pytest.skip(f"the netem VM is switched off ({SWITCH}=0); the host's own [netem] rows run instead "
+                    "(or skip on a kernel without netem)")
     if os.geteuid() != 0:
         _unable("needs root (QEMU packages from apt, namespaces, tc in the guest)")
     out = tmp_path_factory.mktemp("netem-vm")

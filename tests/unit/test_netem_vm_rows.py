@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.netem_vm.rows import GUEST_TESTS, RESTATED, guest_row, is_netem_row, stand_ins, vm_item
+from tests.netem_vm.rows import (
+    GUEST_TESTS,
+    RESTATED,
+    guest_row,
+    is_netem_row,
+    stand_ins,
+    switch_refused,
+    vm_item,
+    vm_switched_off,
+)
 
 B = "tests/integration/test_shaping_backends.py::"
 C = "tests/integration/test_shaping_conformance.py::"
@@ -38,20 +47,24 @@ def test_guest_rows_keep_names_or_are_restated() -> None:
 
 def test_the_vm_stands_in_only_on_a_kernel_without_netem_and_only_where_its_row_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SQUALL_NETEM_VM", "1")
     assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
     assert stand_ins(HOST + VM, netem_here=True) == []  # a netem host runs them natively
     assert stand_ins(HOST, netem_here=False) == []  # the VM's rows are not selected: nothing stands in
     assert stand_ins(HOST + VM[:1], netem_here=False) == [HOST[0]]  # only the row whose VM row runs
 
 
-def test_the_vm_runs_only_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value in (None, "0", "yes"):  # opt-in (make test-netem), also under CI=true: not yet in make test
+def test_the_vm_runs_unless_switched_off_and_never_off_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    everywhere = [HOST[0], HOST[2], HOST[4]]
+    for value in (None, "1", "yes"):  # on by default (make test): only "0" switches it off
         if value is None:
             monkeypatch.delenv("SQUALL_NETEM_VM", raising=False)
         else:
             monkeypatch.setenv("SQUALL_NETEM_VM", value)
-        monkeypatch.setenv("CI", "true")
-        assert stand_ins(HOST + VM, netem_here=False) == []  # nothing deselected: the host rows run (or skip)
-    monkeypatch.setenv("SQUALL_NETEM_VM", "1")
-    assert stand_ins(HOST + VM, netem_here=False) == [HOST[0], HOST[2], HOST[4]]
+        assert not vm_switched_off() and not switch_refused()
+        assert stand_ins(HOST + VM, netem_here=False) == everywhere
+    monkeypatch.setenv("SQUALL_NETEM_VM", "0")
+    assert vm_switched_off() and not switch_refused()
+    assert stand_ins(HOST + VM, netem_here=False) == []  # off: nothing deselected, the host rows run (or skip)
+    monkeypatch.setenv("CI", "true")  # under CI the switch is refused: the VM's rows run (and fail saying so)
+    assert not vm_switched_off() and switch_refused()
+    assert stand_ins(HOST + VM, netem_here=False) == everywhere
