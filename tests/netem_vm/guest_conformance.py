@@ -33,8 +33,8 @@ What differs, and why (TCG emulates every instruction; measured on a 2-core host
 * most of those stalls were the guest's ``ksoftirqd`` (which runs netem's release timer under load)
   waiting behind the real-time agents, not the host: ``scripts/netem-vm/guest.sh`` now runs it at
   SCHED_FIFO 20, and each shared probe records its waits (:func:`ksoftirqd_wait_s`). Since then
-  (fresh clone, quiet and beside a CPU-bound process) every probe passed at its first try: mixed
-  5.7-13.8 %, jitter 0.3-0.8 %, phase 2.6-9.3 % stalled.
+  (six full runs from a fresh clone, two quiet, four beside a CPU-bound process) every probe passed
+  at its first try: mixed 4.5-13.8 %, jitter 0.3-1.7 %, phase 0-9.3 % stalled.
 """
 
 from __future__ import annotations
