@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -64,6 +65,15 @@ from harness.shaping import Shaper, open_shaper, state_at
 from harness.shaping.base import LinkState
 from harness.shaping.nfqueue.probe import realtime
 from tests import kernel_clients, timing
+from tests.netem_vm.guest_sched import ksoftirqd_wait_s
+
+# This module restates the host's suites for the guest as it is imported (below: the host's MIXED profile,
+# the calibration probe rate). Imported in a host session it would change them for every host test after it,
+# so it runs only in the guest's pytest, which loads tests.netem_vm.guest_plugin first (scripts/netem-vm/guest.sh).
+if "tests.netem_vm.guest_plugin" not in sys.modules:
+    raise ImportError("tests/netem_vm/guest_conformance.py runs only in the netem VM's guest (pytest -p "
+                      "tests.netem_vm.guest_plugin): it restates the host's conformance suite and calibration "
+                      "plan as it is imported; host code imports tests.netem_vm.guest_sched instead")
 from tests.integration import test_shaping_conformance as suite
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
     kernel_tools,
@@ -281,24 +291,6 @@ def test_jitter_sd(jitter_probe: UdpObservation, baseline: Baseline, link: tuple
                         samples=seen.one_way_samples, host_stalls=stalled))
     judged(check_delay(link, delay_model(spec), seen.one_way, baseline.one_way_mean_us,
                        samples=seen.one_way_samples, host_stalls=stalled))
-
-
-def ksoftirqd_wait_s(proc: Path = Path("/proc")) -> float:
-    """Seconds the guest's ksoftirqd threads have waited on a run queue so far (their schedstat).
-
-    Why recorded: the timer that releases the packets netem holds runs as a softirq, which this kernel
-    hands to ksoftirqd under load; while that thread waited for a CPU behind the real-time probes, a
-    2 ms link's packets read as stalls (scripts/netem-vm/guest.sh, which raises its priority)."""
-    total = 0
-    for task in proc.iterdir():
-        if not task.name.isdigit():
-            continue
-        try:
-            if (task / "comm").read_text().startswith("ksoftirqd/"):
-                total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total / 1e9
 
 
 def _record(probe: str, **figures: Any) -> None:
