@@ -141,9 +141,10 @@ class Matchmaker:
         deadline = self.clock() + self.matchmaking_s
         try:
             while True:
-                mates = self._candidates(round)
+                line = self._line(round)
+                mates = self._not_ahead(line, round)
                 if mates is None or len(mates) < self.min_group:
-                    if self.clock() >= deadline or self._left_behind(round):
+                    if self.clock() >= deadline or self._left_behind(line, round):
                         return None
                     self.phase = Phase.IDLE  # alone for now: keep any JOIN, wait for the view to change
                     await self._wait(deadline)
@@ -169,31 +170,35 @@ class Matchmaker:
                 self.send(sender, msg.reject(t, "closed"))
 
     # -- internals --------------------------------------------------------------------------------
-    def _candidates(self, round: int) -> tuple[int, ...] | None:
+    def _line(self, round: int) -> tuple[int, ...] | None:
+        """This round's line in this peer's view (itself included), or None without a cell."""
         now = self.clock()
         if self.membership.settle_cell(now) is None:
             return None
         cells = self.membership.cells(now)
         if self.net.rank not in cells:
             return None
-        peers = self.membership.peers
-        mates = candidates(cells, self.grid, self.net.rank, round)
-        return tuple(r for r in mates if r == self.net.rank or peers[r].round <= round)
+        return candidates(cells, self.grid, self.net.rank, round)
 
-    def _left_behind(self, round: int) -> bool:
-        """True when this round's line has other alive peers and every one of them announced a later round.
+    def _candidates(self, round: int) -> tuple[int, ...] | None:
+        """This round's line without the peers that announced a later round, or None without a cell."""
+        return self._not_ahead(self._line(round), round)
+
+    def _not_ahead(self, line: tuple[int, ...] | None, round: int) -> tuple[int, ...] | None:
+        if line is None:
+            return None
+        peers = self.membership.peers
+        return tuple(r for r in line if r == self.net.rank or peers[r].round <= round)
+
+    def _left_behind(self, line: tuple[int, ...] | None, round: int) -> bool:
+        """True when ``line`` has other alive peers and every one of them announced a later round.
 
         Rounds only go forward, so none of them will come back to this one: waiting out ``matchmaking_s``
         would only put this peer further behind (a restarted peer that joined a few rounds late then
         skipped every round until the end, each one waiting for a mate already ahead).
         """
-        now = self.clock()
-        cells = self.membership.cells(now)
-        if self.net.rank not in cells:
-            return False
-        peers = self.membership.peers
-        others = [r for r in candidates(cells, self.grid, self.net.rank, round) if r != self.net.rank]
-        return bool(others) and all(peers[r].round > round for r in others)
+        others = [r for r in line or () if r != self.net.rank]
+        return bool(others) and all(self.membership.peers[r].round > round for r in others)
 
     def _key(self, round: int) -> list[int]:
         assert self.membership.cell is not None
