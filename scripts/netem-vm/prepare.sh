@@ -4,6 +4,8 @@
 # $NETEM_VM_CACHE (default <repo>/.cache/netem-vm, gitignored) and is never committed.
 #
 #   - qemu-system-x86_64, static busybox, cpio, kmod missing  -> apt-get install them (root), or exit 1
+#   - ping, iperf3 missing (the guest runs the host's root, read-only, so the kernel-client rows
+#     need them here)                                      -> the same
 #   - no kernel package in the cache                         -> apt-get download linux-image-6.1.0-*-amd64
 #   - kernel tree, depmod and initramfs are rebuilt only when their inputs changed
 #
@@ -32,6 +34,8 @@ need_tools() {
     dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
     command -v cpio >/dev/null || missing+=(cpio)
     command -v depmod >/dev/null && command -v modprobe >/dev/null || missing+=(kmod)
+    command -v ping >/dev/null || missing+=(iputils-ping)
+    command -v iperf3 >/dev/null || missing+=(iperf3)
     if [ ${#missing[@]} -eq 0 ]; then
         return
     fi
