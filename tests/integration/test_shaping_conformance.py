@@ -21,6 +21,7 @@ Chance of a false failure on a correct backend, per backend run: the two loss ch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -48,7 +49,7 @@ from harness.calibration.verdicts import (
 )
 from harness.cluster import Cluster
 from harness.profiles import Profile, profile_from_data
-from harness.shaping import Shaper, netem_probe, open_shaper, state_at
+from harness.shaping import LinkState, Shaper, netem_probe, open_shaper, state_at
 from tests import kernel_clients
 from tests.timing import CANARY_P99_US, StallCanary, judged
 
@@ -232,10 +233,19 @@ def _apply_at(shaper: Shaper, profile: Profile, at: float, start_wall: float) ->
     return due
 
 
+def _steady(state: LinkState) -> LinkState:
+    """``state`` without the pair PHASED changes: its delays in the phase probe are 2 ms, then 30 ms,
+    so against either setting 40-60 % of them lie beyond the stall window. Counted among the probe's
+    host stalls, they made every phase probe read as stalled (40.1 % of a link's packets) and every
+    other link's delay ``unknown``; the guest's suite leaves the pair out as well."""
+    return dataclasses.replace(state, links={link: spec for link, spec in state.links.items() if link != (0, 1)})
+
+
 @pytest.fixture(scope="module")
 def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
     """Name: phase_run. Scope: module. Depends: shaper. A probe across the phase change of PHASED."""
     before = state_at(PHASED, N, 0.0)
+    steady = _steady(before)
     tries = []
     for _ in range(STALL_TRIES):  # probed again while the host stalled too many packets to judge a delay
         shaper.apply(before)
@@ -244,9 +254,9 @@ def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tu
         obs, results = finish_udp(run, EVERY)
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
-        if stalled_fraction(before, obs) <= MAX_STALL_FRACTION:
+        if stalled_fraction(steady, obs) <= MAX_STALL_FRACTION:
             break
-    return min(tries, key=lambda t: stalled_fraction(before, t[0]))
+    return min(tries, key=lambda t: stalled_fraction(steady, t[0]))
 
 
 def test_a_phase_takes_effect_within_100_ms(phase_run: tuple[UdpObservation, dict[Any, list[Sample]], float],
@@ -272,7 +282,7 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: tuple[UdpObservati
             continue
         row = check_delay(link, delay_model(state_at(PHASED, N, 0.0).links[link]), seen.one_way,
                           baseline.one_way_mean_us, samples=seen.one_way_samples,
-                          host_stalls=stalled_fraction(state_at(PHASED, N, 0.0), obs))
+                          host_stalls=stalled_fraction(_steady(state_at(PHASED, N, 0.0)), obs))
         judged(row)  # "changed with 0->1" if it failed
     after = [s for s in samples[(1, 0)] if s.send_wall > due + PHASE_DEADLINE_S]
     # 1 -> 0, the other direction, kept 2 ms: judged on the median, since a host stall only adds delay
