@@ -135,10 +135,16 @@ def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expect
     check could never be made (a 20 +- 5 ms uniform law has 80 % of its delays over 1 ms from the
     median).
     """
+    from harness.calibration.expected import DelayModel
     from harness.calibration.stats import without_stalls
-    from harness.calibration.verdicts import HIDDEN_STALL_FRACTION, MAX_STALL_FRACTION, STALL_FLOOR_US, STALL_SIGMAS
+    from harness.calibration.verdicts import (
+        HIDDEN_STALL_FRACTION,
+        MAX_STALL_FRACTION,
+        STALL_FLOOR_US,
+        stall_half_width_us,
+    )
 
-    window = max(STALL_SIGMAS * sd_us, STALL_FLOOR_US)
+    window = stall_half_width_us(DelayModel(expected_us, sd_us))
     limit = HIDDEN_STALL_FRACTION if window > STALL_FLOOR_US else MAX_STALL_FRACTION
     kept, stalls = without_stalls(samples, window)
     told = (f"{what}: mean one-way {kept.mean:.0f} us, expected {expected_us:.0f} +- {tol_us:.0f} us "

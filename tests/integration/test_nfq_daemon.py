@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.calibration.expected import DelayModel
 from harness.calibration.stats import interquartile_range, without_stalls
-from harness.calibration.verdicts import STALL_SIGMAS
+from harness.calibration.verdicts import stall_half_width_us
 from harness.shaping.lan import PROBE_PRIORITY
 from harness.shaping.nfqueue import rules
 from harness.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
@@ -174,7 +175,7 @@ def _check_uniform_jitter(world: World) -> None:
     delays = list(result.one_way_us)
     expected_sd = 5_000 / math.sqrt(3)
     _assert_delay(delays, 20_000, "20 ms +- 5 ms uniform", sd_us=expected_sd)
-    sd = without_stalls(delays, STALL_SIGMAS * expected_sd)[0].sd  # as few stalls as the mean check allowed
+    sd = without_stalls(delays, stall_half_width_us(DelayModel(20_000, expected_sd)))[0].sd  # the mean check's window
     assert abs(sd - expected_sd) <= JITTER_SD_TOLERANCE * expected_sd, (
         f"jitter s.d. {sd:.0f}, expected {expected_sd:.0f}"
     )
