@@ -7,13 +7,13 @@
 
 For each worker count one cluster is started; for each profile its links are shaped (the same
 containers are reshaped between profiles), then for each size the job ``allreduce_bench`` times
-our ring and butterfly (:mod:`protocols.jobs.allreduce_bench`) and the job ``gloo_allreduce``
-times ``torch.distributed`` with gloo (:mod:`protocols.baselines.gloo`), one after the other on
+our ring and butterfly (:mod:`squall.bench.allreduce`) and the job ``gloo_allreduce``
+times ``torch.distributed`` with gloo (:mod:`squall.protocols.baselines.gloo`), one after the other on
 the same containers. Sizes are binary (``1MB`` = 2**20 bytes) float32 tensors.
 
 Reported per row: the slowest rank's median time, bus bandwidth ``2 (n-1)/n S / t``, the ratio to
 gloo's time, and the ratio to the alpha-beta bound of the algorithm
-(:mod:`protocols.collectives.cost`) with alpha = the profile's one-way delay and B = its link rate
+(:mod:`squall.collectives.cost`) with alpha = the profile's one-way delay and B = its link rate
 (for gloo, which runs a ring, the ring's bound). A chunk-pipelined ring overlaps the ``alpha`` of
 consecutive steps, so it can finish below the bound when alpha dominates.
 
@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Cluster, ClusterSpec, Mount
-from harness.cluster.cluster import SRC_MOUNT
-from harness.profiles import load_profile
-from harness.shaping import LinkState, open_shaper, state_at
-from protocols.baselines.protocol import ALLREDUCE_JOB as GLOO_ALLREDUCE_JOB
-from protocols.collectives.cost import LinkModel, doubling_time, rabenseifner_time, ring_time
+from squall.cluster import Cluster, ClusterSpec, Mount
+from squall.cluster.cluster import SRC_MOUNT
+from squall.collectives.cost import LinkModel, doubling_time, rabenseifner_time, ring_time
+from squall.profiles import load_profile
+from squall.protocols.baselines.protocol import ALLREDUCE_JOB as GLOO_ALLREDUCE_JOB
+from squall.shaping import LinkState, open_shaper, state_at
 
 logger = logging.getLogger("bench.allreduce")
 
@@ -230,7 +230,7 @@ def _spec_dir() -> Iterator[Path]:
 
 
 def loopback_cells(workers: int, sizes: Sequence[int], plan: Plan, *, paired: bool = False) -> Iterator[dict[str, Any]]:
-    """Every rank a local ``python -m protocols.worker`` process on its own 127.0.0.x address."""
+    """Every rank a local ``python -m squall.worker.process`` process on its own 127.0.0.x address."""
     peers = [f"127.0.0.{i + 1}" for i in range(workers)]
     jobs = itertools.count()
 
@@ -244,7 +244,7 @@ def loopback_cells(workers: int, sizes: Sequence[int], plan: Plan, *, paired: bo
                         "out_dir": str(tmp / str(rank)), "config": config, "deadline_s": timeout}
                 path = tmp / f"spec{rank}.json"
                 path.write_text(json.dumps(spec))
-                procs.append(subprocess.Popen([sys.executable, "-m", "protocols.worker", str(path)],
+                procs.append(subprocess.Popen([sys.executable, "-m", "squall.worker.process", str(path)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             for proc in procs:
                 proc.wait(timeout=timeout)

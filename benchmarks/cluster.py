@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import Cluster, ClusterSpec
+from squall.cluster import Cluster, ClusterSpec
 
 TARGETS = {"ready_s@16": 15.0, "dispatch_s": 0.5, "idle_mb": 150.0}
 

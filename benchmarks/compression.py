@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/compression.py --loopback --workers 4 --sizes 1MB    # no Docker
 
 For each worker count one cluster is started; for each profile its links are shaped, then the job
-``protocols.collectives.compressed_bench:compressed_bench`` times, size by size and call by call, the
+``squall.bench.compressed:compressed_bench`` times, size by size and call by call, the
 dense ring (float32, and float16: ``dense16``, T8.2's yardstick), Top-K by all-gather, Rand-K and ARC-Top-K
 by index-free ring, and the two-step and per-hop INT8/INT4 all-reduces (that module's table), and the job
 ``gloo_allreduce`` times ``torch.distributed``'s gloo on the same containers. Sizes are binary float32
@@ -43,16 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from allreduce import LOOPBACK, link_of, parse_size, size_label
 
-from harness.cluster import Cluster, ClusterSpec
-from harness.profiles import load_profile
-from harness.shaping import open_shaper, state_at
-from protocols.baselines.protocol import ALLREDUCE_JOB as GLOO_ALLREDUCE_JOB
-from protocols.collectives.compressed_bench import ALGORITHMS, CompressedBenchConfig
-from protocols.collectives.cost import LinkModel, ring_time
+from squall.bench.compressed import ALGORITHMS, CompressedBenchConfig
+from squall.cluster import Cluster, ClusterSpec
+from squall.collectives.cost import LinkModel, ring_time
+from squall.profiles import load_profile
+from squall.protocols.baselines.protocol import ALLREDUCE_JOB as GLOO_ALLREDUCE_JOB
+from squall.shaping import open_shaper, state_at
 
 logger = logging.getLogger("bench.compression")
 
-ENTRY = "protocols.collectives.compressed_bench:compressed_bench"
+ENTRY = "squall.bench.compressed:compressed_bench"
 PORT = 29630
 GLOO_PORT = 29530
 BOUND_SLACK = 0.95  # the emulated links' delay and rate are good to a few per cent
@@ -124,7 +124,7 @@ def docker_rows(workers: int, profiles: Sequence[str], sizes: Sequence[int], alg
 
 def loopback_rows(workers: int, sizes: Sequence[int], algorithms: Sequence[str],
                   repetitions: int, settings: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-    """Every rank a local ``python -m protocols.worker`` on 127.0.0.x (no gloo, no shaping)."""
+    """Every rank a local ``python -m squall.worker.process`` on 127.0.0.x (no gloo, no shaping)."""
     peers = [f"127.0.0.{i + 1}" for i in range(workers)]
 
     def run(entry: str, config: dict[str, Any], timeout: float) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -135,7 +135,8 @@ def loopback_rows(workers: int, sizes: Sequence[int], algorithms: Sequence[str],
                 spec = {"job_id": "j", "entry": entry, "rank": rank, "world_size": workers, "peers": peers,
                         "out_dir": str(tmp / str(rank)), "config": config, "deadline_s": timeout}
                 (tmp / f"spec{rank}.json").write_text(json.dumps(spec))
-                procs.append(subprocess.Popen([sys.executable, "-m", "protocols.worker", str(tmp / f"spec{rank}.json")],
+                spec_path = str(tmp / f"spec{rank}.json")
+                procs.append(subprocess.Popen([sys.executable, "-m", "squall.worker.process", spec_path],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             for proc in procs:
                 proc.wait(timeout=timeout)

@@ -5,7 +5,7 @@
 
 Averaging (default). For each number of peers ``N = 2^d`` and each vector size, both implementations
 average float32 vectors on the ``2^d`` grid (groups of two; hivemind gets the grid through its initial
-group bits, :mod:`protocols.moshpit.hivemind_ref`): ``--trials`` trials of ``d`` rounds, each from fresh
+group bits, :mod:`squall.protocols.moshpit.hivemind_ref`): ``--trials`` trials of ``d`` rounds, each from fresh
 random vectors, under ``--profile``. Reported per cell: the median time of one round (matchmaking and
 all-reduce, over every peer's rounds) and the largest distance of any peer to the exact mean after the
 ``d`` rounds (median over trials). Target: our round <= 0.5 x hivemind's, at an equal or lower error.
@@ -37,13 +37,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.cluster import Cluster, ClusterSpec, Mount  # noqa: E402
-from harness.cluster.image import WHEELHOUSE, ensure_variant_image  # noqa: E402
-from harness.profiles import load_profile  # noqa: E402
-from harness.shaping import open_shaper, state_at  # noqa: E402
-from protocols.dpsgd.protocol import DPSGD  # noqa: E402
-from protocols.moshpit.protocol import AVERAGE_JOB, NAME  # noqa: E402
-from protocols.sgp.sgd import NAME as SGP  # noqa: E402
+from squall.cluster import Cluster, ClusterSpec, Mount  # noqa: E402
+from squall.cluster.image import WHEELHOUSE, ensure_variant_image  # noqa: E402
+from squall.profiles import load_profile  # noqa: E402
+from squall.protocols.dpsgd.protocol import DPSGD  # noqa: E402
+from squall.protocols.moshpit.protocol import AVERAGE_JOB, NAME  # noqa: E402
+from squall.protocols.sgp.sgd import NAME as SGP  # noqa: E402
+from squall.shaping import open_shaper, state_at  # noqa: E402
 
 logger = logging.getLogger("benchmarks.moshpit")
 
@@ -130,7 +130,7 @@ def run_cell(cluster: Cluster, impl: str, *, size: int, trials: int, port: int, 
     peers = len(cluster.nodes)
     config: dict[str, Any] = {"bytes": size, "dtype": "float32", "trials": trials, "seed": 7, "port": port}
     if impl == "hivemind":
-        entry = "protocols.moshpit.hivemind_ref:hivemind_average"
+        entry = "squall.protocols.moshpit.hivemind_ref:hivemind_average"
         config.update(shared_dir=shared, min_matchmaking_time=5.0, request_timeout=3.0)  # hivemind defaults
     else:
         entry = AVERAGE_JOB
@@ -164,7 +164,7 @@ def run_cell(cluster: Cluster, impl: str, *, size: int, trials: int, port: int, 
 
 def averaging(args: argparse.Namespace) -> dict[str, Any]:
     """Every (peers, implementation, size) cell."""
-    from harness.cluster.engine import docker_client
+    from squall.cluster.engine import docker_client
 
     client = docker_client()
     impls = [NAME] + ([] if args.no_hivemind else ["hivemind"])
@@ -246,8 +246,8 @@ def print_averaging(report: dict[str, Any]) -> None:
 # -- the claim ------------------------------------------------------------------------------------------
 def claim(args: argparse.Namespace) -> dict[str, Any]:
     """Time to target of moshpit, dpsgd and sgp under heterogeneous, interleaved over seeds."""
-    from harness.checks import Target, run_time_to_target
-    from harness.experiment import Lab, RunSpec
+    from squall.checks import Target, run_time_to_target
+    from squall.experiment.lab import Lab, RunSpec
 
     protocols = (NAME, DPSGD, SGP)
     target = Target("accuracy", 0.9)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("harness.shaping", "harness.cluster"):
+    for noisy in ("squall.shaping", "squall.cluster"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     report = claim(args) if args.claim else averaging(args)
     (print_claim if args.claim else print_averaging)(report)

@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.shaping.nfqueue import rules
-from harness.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
-from harness.shaping.nfqueue.control import ControlClient
-from harness.shaping.nfqueue.launcher import DaemonProcess
-from harness.shaping.nfqueue.probe import probe
-from harness.shaping.nfqueue.testbed import Link, Testbed
+from squall.shaping.echo_probe import probe
+from squall.shaping.nfqueue import rules
+from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
+from squall.shaping.nfqueue.control import ControlClient
+from squall.shaping.nfqueue.launcher import DaemonProcess
+from squall.shaping.testbed import Link, Testbed
 
 BLAST_PORT = 9100
 ECHO_PORT = 9000

@@ -1,4 +1,4 @@
-# The Squall worker image. Built by `squall image build` (harness/cluster/image.py) with a
+# The Squall worker image. Built by `squall image build` (squall/cluster/image.py) with a
 # context holding this file, requirements.txt and wheels/ (downloaded on the host beforehand):
 # nothing is fetched from inside the build. The project's code is NOT in the image: it is
 # mounted read-only at /squall/src, so editing a protocol needs no rebuild.

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from fuzz.targets import FUZZ_LIMITS
-from protocols.al_dsgd.exchange import make_header, pack
-from protocols.common.compress import SCHEMAS, DenseFloat32, LatticeCompressor
-from protocols.common.compress.lattice import Encoded, encode
-from protocols.dropcompute.abort import encode_notice
-from protocols.moshpit import messages as moshpit
-from protocols.moshpit.membership import Heartbeat
-from protocols.swarm.frames import Frame, FrameKind, frame_bytes, to_message
-from protocols.wire import Message, MsgType, chunk_messages, encode_datagram, encode_message, pack_compressed
+from squall.protocols.al_dsgd.exchange import make_header, pack
+from squall.protocols.dropcompute.abort import encode_notice
+from squall.protocols.moshpit import messages as moshpit
+from squall.protocols.moshpit.membership import Heartbeat
+from squall.protocols.swarm.frames import Frame, FrameKind, frame_bytes, to_message
+from squall.training.compress import SCHEMAS, DenseFloat32, LatticeCompressor
+from squall.training.compress.lattice import Encoded, encode
+from squall.wire import Message, MsgType, chunk_messages, encode_datagram, encode_message, pack_compressed
 
 CORPUS: Final = Path(__file__).resolve().parent / "corpus"
 PROFILES: Final = Path(__file__).resolve().parents[1] / "netem_profiles"

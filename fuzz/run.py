@@ -32,8 +32,8 @@ RESULTS: Final = Path(os.environ.get("FUZZ_RESULTS", ROOT / "results"))  # new c
 TARGET_NAMES: Final = ("wire", "framing", "udp", "swarm", "moshpit", "compressed", "stragglers", "profile")
 PER_INPUT_SECONDS: Final = 1
 MEMORY_MB: Final = 64  # per input, above the process's baseline
-INSTRUMENTED: Final = ["protocols.wire", "protocols.transport", "protocols.swarm", "protocols.moshpit",
-                       "protocols.common", "harness.profiles"]
+INSTRUMENTED: Final = ["squall.wire", "squall.transport", "squall.protocols.swarm", "squall.protocols.moshpit",
+                       "squall.training", "squall.profiles"]
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.MULTILINE)
 _PROGRESS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+)", re.MULTILINE)
 

@@ -17,14 +17,14 @@ from typing import Final
 import numpy as np
 import torch
 
-from harness.profiles import ProfileError, parse_profile
-from protocols.al_dsgd.exchange import HEADER_LEN, parse_header
-from protocols.common.compress import COMPRESSORS, SCHEMAS
-from protocols.dropcompute.abort import decode_notice
-from protocols.moshpit import messages as moshpit
-from protocols.swarm.frames import FrameError, from_message, parse_frame
-from protocols.transport.reassembly import Reassembler
-from protocols.wire import (
+from squall.profiles import ProfileError, parse_profile
+from squall.protocols.al_dsgd.exchange import HEADER_LEN, parse_header
+from squall.protocols.dropcompute.abort import decode_notice
+from squall.protocols.moshpit import messages as moshpit
+from squall.protocols.swarm.frames import FrameError, from_message, parse_frame
+from squall.training.compress import COMPRESSORS, SCHEMAS
+from squall.transport.reassembly import Reassembler
+from squall.wire import (
     FrameDecoder,
     MsgType,
     WireError,
@@ -41,14 +41,14 @@ Target = tuple[Callable[[bytes], None], tuple[type[BaseException], ...]]
 
 
 def wire(data: bytes) -> None:
-    """One complete frame (header + payload) -> Message: ``protocols/wire/codec.py``."""
+    """One complete frame (header + payload) -> Message: ``squall/wire/codec.py``."""
     message = decode_frame(data, limits=FUZZ_LIMITS, copy=True)
     if message.tensor is not None:
         assert message.tensor.numel() * message.tensor.element_size() <= len(data)
 
 
 def framing(data: bytes) -> None:
-    """A byte stream cut at arbitrary points -> frames: ``protocols/wire/framing.py`` (FrameDecoder).
+    """A byte stream cut at arbitrary points -> frames: ``squall/wire/framing.py`` (FrameDecoder).
 
     The first byte picks the cut size (1..256), so frames straddle ``feed`` calls in many ways.
     """
@@ -78,7 +78,7 @@ def udp(data: bytes) -> None:
 
 
 def swarm(data: bytes) -> None:
-    """SwarmSGD's frame bytes (``protocols/swarm/frames.py``): raw, and inside a wire frame."""
+    """SwarmSGD's frame bytes (``squall/protocols/swarm/frames.py``): raw, and inside a wire frame."""
     if data[:1] == b"W":  # a whole wire message carrying the frame, as the transport delivers it
         from_message(decode_frame(data[1:], limits=FUZZ_LIMITS, copy=True))
     else:
@@ -86,7 +86,7 @@ def swarm(data: bytes) -> None:
 
 
 def moshpit_messages(data: bytes) -> None:
-    """Moshpit's control messages (``protocols/moshpit/messages.py``) from a whole wire frame."""
+    """Moshpit's control messages (``squall/protocols/moshpit/messages.py``) from a whole wire frame."""
     message = decode_frame(data, limits=FUZZ_LIMITS)
     if message.control is None:
         return
@@ -102,7 +102,7 @@ def moshpit_messages(data: bytes) -> None:
 
 
 def compressed(data: bytes) -> None:
-    """A compressed payload (``protocols/wire/compressed.py``), then its compressor's decoder.
+    """A compressed payload (``squall/wire/compressed.py``), then its compressor's decoder.
 
     The first byte, when the payload validates, picks a reference vector for decoders that need one
     (zeros or a ramp), so a valid payload exercises ``decode`` too; what decodes is finite when the
@@ -122,8 +122,8 @@ STRAGGLER_WORLD: Final = 8  # the receiving job's world size for the straggler p
 
 def straggler_messages(data: bytes) -> None:
     """The straggler protocols' own fields in a whole wire frame: DropCompute's abort notice (a control
-    message, ``protocols/dropcompute/abort.py``) and AL-DSGD's header riding after the parameters (a
-    float tensor, ``protocols/al_dsgd/exchange.py``). Both document ``ValueError`` for bad input."""
+    message, ``squall/protocols/dropcompute/abort.py``) and AL-DSGD's header riding after the parameters (a
+    float tensor, ``squall/protocols/al_dsgd/exchange.py``). Both document ``ValueError`` for bad input."""
     message = decode_frame(data, limits=FUZZ_LIMITS, copy=True)
     if message.control is not None:
         notice = decode_notice(message, world_size=STRAGGLER_WORLD)
@@ -136,7 +136,7 @@ def straggler_messages(data: bytes) -> None:
 
 
 def profile(data: bytes) -> None:
-    """A profile file's bytes -> a validated Profile (``harness/profiles`` parse_profile)."""
+    """A profile file's bytes -> a validated Profile (``squall/profiles`` parse_profile)."""
     parse_profile(data, "fuzz.yaml")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.cluster.engine import in_ci
+from squall.cluster.engine import in_ci
 
 
 def _missing(what: str) -> None:
@@ -26,8 +26,8 @@ def _missing(what: str) -> None:
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
     """Name: docker_client. Scope: session. Depends: a Docker engine (make docker)."""
-    from harness.cluster.engine import docker_client as make_client
-    from harness.cluster.errors import EngineUnavailable
+    from squall.cluster.engine import docker_client as make_client
+    from squall.cluster.errors import EngineUnavailable
 
     try:
         return make_client()
@@ -38,7 +38,7 @@ def docker_client() -> Any:
 @pytest.fixture(scope="session")
 def worker_image(docker_client: Any) -> str:
     """Name: worker_image. Scope: session. Depends: docker_client and 'make image'."""
-    from harness.cluster.image import current_worker_tag
+    from squall.cluster.image import current_worker_tag
 
     tag = current_worker_tag(docker_client)
     if tag is None:
@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """On a kernel without ``sch_netem``, deselect the host's ``[netem]`` rows that the netem VM's rows
     stand for in this session (:mod:`tests.netem_vm.rows` says exactly when; a host with netem runs
     them natively, and a row the VM does not cover stays and skips with its reason)."""
-    from harness.shaping import netem_probe
+    from squall.shaping import netem_probe
     from tests.netem_vm.rows import stand_ins
 
     ids = [item.nodeid for item in items]

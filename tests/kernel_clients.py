@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.calibration.expected import FRAME_OVERHEAD_BYTES
-from harness.calibration.stats import without_stalls
-from harness.calibration.verdicts import MAX_STALL_FRACTION, STALL_FLOOR_US
+from squall.calibration.expected import FRAME_OVERHEAD_BYTES
+from squall.calibration.stats import without_stalls
+from squall.calibration.verdicts import MAX_STALL_FRACTION, STALL_FLOOR_US
 
 PING_ABS_US = 500.0  # RTT within max(0.5 ms, 5 %) of both directions' delays
 PING_REL = 0.05

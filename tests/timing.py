@@ -135,9 +135,9 @@ def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expect
     check could never be made (a 20 +- 5 ms uniform law has 80 % of its delays over 1 ms from the
     median).
     """
-    from harness.calibration.expected import DelayModel
-    from harness.calibration.stats import without_stalls
-    from harness.calibration.verdicts import (
+    from squall.calibration.expected import DelayModel
+    from squall.calibration.stats import without_stalls
+    from squall.calibration.verdicts import (
         HIDDEN_STALL_FRACTION,
         MAX_STALL_FRACTION,
         STALL_FLOOR_US,

@@ -3,7 +3,7 @@
 #
 #   debootstrap.sh TAG SUITE MIRROR PACKAGES
 #
-# MIRROR comes from this machine's own apt configuration (harness/cluster/image.py reads it);
+# MIRROR comes from this machine's own apt configuration (squall/cluster/image.py reads it);
 # no mirror address is ever written into the repository.
 set -euo pipefail
 tag=$1 suite=$2 mirror=$3 packages=$4

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Start the node's own Docker engine (PID 1 is the container's init, so dockerd is reaped cleanly).
 #
-# cgroups (the node is not --privileged, see harness/cluster/swarm/dind.py). cgroup v1: the harness
+# cgroups (the node is not --privileged, see squall/cluster/swarm/dind.py). cgroup v1: the harness
 # mounts the host's /sys/fs/cgroup writable and the engine nests its containers' groups under this
 # container's own group, so they go when the node is removed. cgroup v2: a private cgroup
 # namespace, remounted writable, with the controllers delegated: every process moves out of the

@@ -16,16 +16,16 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from harness.calibration.runner import calibrate
-from harness.cluster import ClusterSpec
-from harness.cluster.backend import open_cluster
-from harness.cluster.engine import docker_client
-from harness.cluster.image import current_worker_tag
-from harness.cluster.swarm.agent_image import ensure_agent_image
-from harness.cluster.swarm.cluster import SwarmCluster
-from harness.cluster.swarm.dind import DindNodes, DindSpec
-from harness.profiles import load_profile
-from harness.shaping import state_at
+from squall.calibration.runner import calibrate
+from squall.cluster import ClusterSpec
+from squall.cluster.backend import open_cluster
+from squall.cluster.engine import docker_client
+from squall.cluster.image import current_worker_tag
+from squall.cluster.swarm.agent_image import ensure_agent_image
+from squall.cluster.swarm.cluster import SwarmCluster
+from squall.cluster.swarm.dind import DindNodes, DindSpec
+from squall.profiles import load_profile
+from squall.shaping import state_at
 
 logger = logging.getLogger("squall.figures")
 WORKERS = 4

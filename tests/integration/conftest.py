@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec
+from squall.cluster import Cluster, ClusterSpec
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,6 @@ def labelled(client: Any, run_id: str) -> tuple[list[Any], list[Any]]:
 def swarm_before(docker_client: Any) -> str:
     """Name: swarm_before. Scope: module. Depends: docker_client. The engine's swarm state before any
     test of the module (the swarm tests check they leave it as found: tests/integration/swarm_checks.py)."""
-    from harness.cluster.swarm.membership import swarm_state
+    from squall.cluster.swarm.membership import swarm_state
 
     return swarm_state(docker_client)

@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from harness.cluster import Cluster, ClusterSpec
+from squall.cluster import Cluster, ClusterSpec
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.cluster.swarm.membership import GWBRIDGE, swarm_state
+from squall.cluster.swarm.membership import GWBRIDGE, swarm_state
 
 
 def leftovers(client: Any, run_id: str) -> dict[str, list[str]]:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged
-from harness.cluster import Cluster, ClusterSpec
-from harness.experiment import Lab, RunSpec
-from protocols.al_dsgd.protocol import DEFAULT_ARGS
-from protocols.al_dsgd.sgd import NAME
+from squall.checks import Target, converged
+from squall.cluster import Cluster, ClusterSpec
+from squall.experiment.lab import Lab, RunSpec
+from squall.protocols.al_dsgd.protocol import DEFAULT_ARGS
+from squall.protocols.al_dsgd.sgd import NAME
 
 pytestmark = pytest.mark.docker
 

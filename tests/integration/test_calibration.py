@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from harness import cli_calibrate
-from harness.calibration.runner import calibrate
-from harness.calibration.verdicts import CalibrationOutcome
-from harness.shaping import LinkState, Shaper, netem_available
+from squall.calibration.runner import calibrate
+from squall.calibration.verdicts import CalibrationOutcome
+from squall.cli import calibrate as cli_calibrate
+from squall.shaping import LinkState, Shaper, netem_available
 from tests.timing import report_passed
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -40,7 +40,7 @@ def test_cli_writes_json_and_fails_when_the_links_differ_from_the_profile(
         docker_client: Any, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The shaper is handed 5 ms and 1 Gbit/s whatever it is asked for; judged against thin-20mbit
     (10 ms, 20 Mbit/s), the delay and the rate must fail and the CLI exit 1."""
-    from harness import shaping
+    from squall import shaping
 
     real_open = shaping.open_shaper
 

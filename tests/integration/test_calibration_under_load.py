@@ -8,7 +8,7 @@ burners could keep off the CPU would read their time slices as delay and jitter 
 burners must really have run (their CPU time is read from ``/proc``), or the test proves nothing.
 
 The UDP probes run as real-time processes in the containers' namespaces
-(:mod:`harness.calibration.hostprobe`), which is what keeps the busy verdicts; the test holds the
+(:mod:`squall.calibration.hostprobe`), which is what keeps the busy verdicts; the test holds the
 machine's benchmark lock, so its burners spoil no other helper's timing and theirs none of its.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from harness.calibration import hostprobe
-from harness.calibration.observations import parse_udp
-from harness.calibration.report import CalibrationReport
-from harness.calibration.runner import calibrate, calibration_spec
-from harness.calibration.verdicts import CalibrationOutcome
-from harness.cluster import Cluster
-from harness.shaping.lan import BridgedLan
+from squall.calibration import hostprobe
+from squall.calibration.observations import parse_udp
+from squall.calibration.report import CalibrationReport
+from squall.calibration.runner import calibrate, calibration_spec
+from squall.calibration.verdicts import CalibrationOutcome
+from squall.cluster import Cluster
+from squall.shaping.lan import BridgedLan
 from tests.timing import CpuBurners, bench_lock
 
 logger = logging.getLogger(__name__)

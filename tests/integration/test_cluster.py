@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster, JobError
+from squall.cluster import Cluster, JobError
 
 pytestmark = pytest.mark.docker
 

@@ -1,7 +1,7 @@
 """Every collective over TCP between 4 real containers, on shaped links: the exact sum on every rank.
 
 One cluster of 4 workers for the module; for each profile the links are shaped, then the job
-``collective_check`` (:mod:`protocols.jobs.allreduce_bench`) runs the ring, both butterfly
+``collective_check`` (:mod:`squall.bench.allreduce`) runs the ring, both butterfly
 variants, a gossip step and a parameter-server step on integer-valued float64 vectors whose sum
 every rank knows exactly. Under ``lossy-1pct`` TCP retransmits about one segment in a hundred:
 the results must still be exact, only later. A one-element ring all-reduce timed before them has
@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster
-from harness.profiles import load_profile
-from harness.shaping import Shaper, open_shaper, state_at
-from protocols.jobs.allreduce_bench import CHECKS
+from squall.bench.allreduce import CHECKS
+from squall.cluster import Cluster
+from squall.profiles import load_profile
+from squall.shaping import Shaper, open_shaper, state_at
 
 pytestmark = pytest.mark.docker
 
-ENTRY = "protocols.jobs.allreduce_bench:collective_check"
+ENTRY = "squall.bench.allreduce:collective_check"
 NUMEL = 100_003  # 800 KB of float64, not a multiple of 4: uneven segments and blocks
 CHUNK_BYTES = 64 << 10  # about 4 chunks per ring segment, several per butterfly step
 ONE_WAY_S = 0.005  # both profiles: 5 ms each way

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged
-from harness.experiment import Lab, RunSpec
-from protocols.arc_topk.sgd import NAME as ARC
-from protocols.arc_topk.sgd import ArcConfig, arc_bytes_per_rank
-from protocols.catalog import lookup
-from protocols.collectives.lowbit import lowbit_bytes_per_rank
-from protocols.common.compress import TopK
-from protocols.common.tasks import make_task
-from protocols.lowbit.sgd import RING, TWO_STEP
-from protocols.randk.sgd import NAME as RANDK
-from protocols.topk.sgd import NAME as TOPK
+from squall.checks import Target, converged
+from squall.collectives.lowbit import lowbit_bytes_per_rank
+from squall.experiment.lab import Lab, RunSpec
+from squall.protocols.arc_topk.sgd import NAME as ARC
+from squall.protocols.arc_topk.sgd import ArcConfig, arc_bytes_per_rank
+from squall.protocols.catalog import lookup
+from squall.protocols.lowbit.sgd import RING, TWO_STEP
+from squall.protocols.randk.sgd import NAME as RANDK
+from squall.protocols.topk.sgd import NAME as TOPK
+from squall.training.compress import TopK
+from squall.training.tasks import make_task
 
 pytestmark = pytest.mark.docker
 

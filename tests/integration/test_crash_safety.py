@@ -34,16 +34,16 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.cluster.engine import in_ci
-from harness.cluster.ownership import state_root
-from harness.shaping.leftovers import WORKDIR_PREFIX
+from squall.cluster.engine import in_ci
+from squall.cluster.ownership import state_root
+from squall.shaping.leftovers import WORKDIR_PREFIX
 
 from .conftest import labelled
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
-SQUALL = [sys.executable, "-m", "harness.cli"]
+SQUALL = [sys.executable, "-m", "squall.cli.main"]
 TRAINING_TIMEOUT_S = 240.0  # cluster start (4 containers, torch imports on 2 cores) + the first metrics
 GC_TIMEOUT_S = 120.0
 FAIL_TIMEOUT_S = 120.0  # the run must fail this soon after the engine stopped; longer is a hang
@@ -94,7 +94,7 @@ def _footprint(client: Any, run_id: str, state_dir: Path, owner: int) -> Footpri
     veths = [line.split(":")[1].strip().split("@")[0] for line in _links() if f" master {bridge} " in line]
     children = psutil.Process(owner).children(recursive=True)
     processes = [(p.pid, p.create_time()) for p in [psutil.Process(owner), *children]]
-    daemons = sum("harness.shaping.nfqueue.daemon" in " ".join(p.cmdline()) for p in children)
+    daemons = sum("squall.shaping.nfqueue.daemon" in " ".join(p.cmdline()) for p in children)
     return Footprint(run_id, state_dir, bridge, subnet, veths, processes, daemons)
 
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec
-from harness.experiment import Lab, RunSpec
-from harness.profiles import load_profile
-from harness.shaping import state_at
-from protocols.catalog import lookup
-from protocols.common.device import DeviceModel
-from protocols.dropcompute.protocol import NAME
+from squall.cluster import Cluster, ClusterSpec
+from squall.experiment.lab import Lab, RunSpec
+from squall.profiles import load_profile
+from squall.protocols.catalog import lookup
+from squall.protocols.dropcompute.protocol import NAME
+from squall.shaping import state_at
+from squall.training.device import DeviceModel
 
 pytestmark = pytest.mark.docker
 logger = logging.getLogger(__name__)

@@ -15,10 +15,10 @@ from typing import Any
 
 from docker.errors import ImageNotFound
 
-from harness.cluster.image import BASE_REPO, WORKER_REPO, choose_base, prune_images, stale_images
-from harness.cluster.swarm import dind_image
-from harness.cluster.swarm.agent_image import REPO as AGENT_REPO
-from harness.cluster.swarm.agent_image import agent_tag
+from squall.cluster.image import BASE_REPO, WORKER_REPO, choose_base, prune_images, stale_images
+from squall.cluster.swarm import dind_image
+from squall.cluster.swarm.agent_image import REPO as AGENT_REPO
+from squall.cluster.swarm.agent_image import agent_tag
 
 REPOS = (WORKER_REPO, BASE_REPO, AGENT_REPO, dind_image.ROOT_REPO, dind_image.NODE_REPO)
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged
-from harness.checks.drift import drift_growth, owner_drift_bounded, owner_drift_series
-from harness.experiment import Lab, RunSpec
-from harness.trace import RunTrace
-from protocols.catalog import lookup
-from protocols.lossy_sgd.protocol import NAME, NORESYNC
+from squall.checks import Target, converged
+from squall.checks.drift import drift_growth, owner_drift_bounded, owner_drift_series
+from squall.experiment.lab import Lab, RunSpec
+from squall.protocols.catalog import lookup
+from squall.protocols.lossy_sgd.protocol import NAME, NORESYNC
+from squall.trace import RunTrace
 
 pytestmark = pytest.mark.docker
 logger = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.checks import Target, converged
-from harness.cluster import Cluster, ClusterSpec
-from harness.experiment import Lab, RunSpec
-from harness.profiles import load_profile
-from harness.shaping import state_at
+from squall.checks import Target, converged
+from squall.cluster import Cluster, ClusterSpec
+from squall.experiment.lab import Lab, RunSpec
+from squall.profiles import load_profile
+from squall.shaping import state_at
 
 pytestmark = pytest.mark.docker
 

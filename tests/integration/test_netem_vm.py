@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from harness.cluster.engine import in_ci
+from squall.cluster.engine import in_ci
 from tests.netem_vm.host_watch import QemuWatch, starved_by_row
 from tests.netem_vm.rows import (
     GUEST_TESTS,

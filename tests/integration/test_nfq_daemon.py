@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.calibration.expected import DelayModel
-from harness.calibration.stats import interquartile_range, without_stalls
-from harness.calibration.verdicts import stall_half_width_us
-from harness.shaping.lan import PROBE_PRIORITY
-from harness.shaping.nfqueue import rules
-from harness.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
-from harness.shaping.nfqueue.errors import DaemonDied
-from harness.shaping.nfqueue.launcher import DaemonProcess
-from harness.shaping.nfqueue.probe import ProbeResult, probe, realtime
-from harness.shaping.nfqueue.testbed import Testbed
+from squall.calibration.expected import DelayModel
+from squall.calibration.stats import interquartile_range, without_stalls
+from squall.calibration.verdicts import stall_half_width_us
+from squall.shaping.echo_probe import ProbeResult, probe, realtime
+from squall.shaping.lan import PROBE_PRIORITY
+from squall.shaping.nfqueue import rules
+from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
+from squall.shaping.nfqueue.errors import DaemonDied
+from squall.shaping.nfqueue.launcher import DaemonProcess
+from squall.shaping.testbed import Testbed
 from tests.timing import StallCanary, assert_delay_without_stalls, retrying
 
 pytestmark = [

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged
-from harness.cluster import Cluster, ClusterSpec
-from harness.experiment import ExperimentError, Lab, RunSpec
-from protocols.nonblocking.protocol import DPSGD, MATCHA, MICROBATCHES, RING
+from squall.checks import Target, converged
+from squall.cluster import Cluster, ClusterSpec
+from squall.experiment.lab import ExperimentError, Lab, RunSpec
+from squall.protocols.nonblocking.protocol import DPSGD, MATCHA, MICROBATCHES, RING
 
 pytestmark = pytest.mark.docker
 

@@ -13,9 +13,9 @@ pytest_plugins = ["pytester"]
 
 TOY_PROTOCOL = '''
 """Someone else's protocol: local SGD steps, then averaging with a partner that rotates over a hypercube."""
-from protocols.common.algorithms.base import Algorithm
-from protocols.train import run_training
-from protocols.wire import Message
+from squall.training.algorithms.base import Algorithm
+from squall.protocols.train import run_training
+from squall.wire import Message
 
 TAG = 77
 
@@ -45,7 +45,7 @@ def main(ctx):
 
 TEST_FILE = '''
 import pytest
-from harness.checks import Target, converged, drift_bounded
+from squall.checks import Target, converged, drift_bounded
 
 @pytest.mark.squall(protocols=["toyproto.pairavg:main", "ring"], profiles=["wan-5ms"], workers=4, seconds=8,
                     target={"accuracy": 0.9}, config={"eval_every": 5})

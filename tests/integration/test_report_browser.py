@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster.engine import in_ci
-from harness.report import html_page
+from squall.cluster.engine import in_ci
+from squall.report.page import html_page
 from tests.unit.test_report_page import realistic_results
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -36,15 +36,15 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.stats import without_stalls
-from harness.calibration.verdicts import STALL_FLOOR_US
-from harness.cluster import Cluster
-from harness.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
-from harness.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
-from harness.shaping.lan import BridgedLan
-from harness.shaping.nfqueue.probe import ProbeResult
-from harness.shaping.nfqueue.rules import normalize_save
-from harness.shaping.nfqueue_backend import NfqueueShaper
+from squall.calibration.stats import without_stalls
+from squall.calibration.verdicts import STALL_FLOOR_US
+from squall.cluster import Cluster
+from squall.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
+from squall.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
+from squall.shaping.echo_probe import ProbeResult
+from squall.shaping.lan import BridgedLan
+from squall.shaping.nfqueue.backend import NfqueueShaper
+from squall.shaping.nfqueue.rules import normalize_save
 from tests.timing import assert_delay_without_stalls, retrying
 
 pytestmark = [

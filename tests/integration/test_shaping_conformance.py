@@ -1,7 +1,7 @@
 """One conformance suite for every shaping backend: what packets between containers really experience.
 
 Everything is measured from inside a 4-container cluster (one per module) with the probe jobs of
-``protocols/jobs/probes.py`` and judged by ``harness/calibration/verdicts.py``, so the suite and
+``squall/calibration/probes.py`` and judged by ``squall/calibration/verdicts.py``, so the suite and
 ``squall calibrate`` share one definition of "conforms". It runs once per backend; the netem run is
 skipped only where the kernel has no ``sch_netem``, with the probe's reason.
 
@@ -32,13 +32,13 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.expected import LossModel, delay_model, loss_model, wire_bps
-from harness.calibration.judge import Baseline, stalled_fraction
-from harness.calibration.observations import Sample, TransferObservation, UdpObservation, better, raw_samples
-from harness.calibration.plan import TransferPlan
-from harness.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
-from harness.calibration.runner import STALL_TRIES, calibration_spec, rate_only, unlimited
-from harness.calibration.verdicts import (
+from squall.calibration.expected import LossModel, delay_model, loss_model, wire_bps
+from squall.calibration.judge import Baseline, stalled_fraction
+from squall.calibration.observations import Sample, TransferObservation, UdpObservation, better, raw_samples
+from squall.calibration.plan import TransferPlan
+from squall.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
+from squall.calibration.runner import STALL_TRIES, calibration_spec, rate_only, unlimited
+from squall.calibration.verdicts import (
     MAX_STALL_FRACTION,
     RATE_REL,
     CalibrationOutcome,
@@ -47,9 +47,9 @@ from harness.calibration.verdicts import (
     check_loss,
     check_rate,
 )
-from harness.cluster import Cluster
-from harness.profiles import Profile, profile_from_data
-from harness.shaping import LinkState, Shaper, netem_probe, open_shaper, state_at
+from squall.cluster import Cluster
+from squall.profiles import Profile, profile_from_data
+from squall.shaping import LinkState, Shaper, netem_probe, open_shaper, state_at
 from tests import kernel_clients
 from tests.timing import CANARY_P99_US, StallCanary, judged
 

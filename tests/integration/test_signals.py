@@ -23,9 +23,9 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.cluster.gc import collect
-from harness.cluster.ownership import LABEL_PID, LABEL_RUN, state_root
-from protocols.allreduce.protocol import LOCAL_SGD
+from squall.cluster.gc import collect
+from squall.cluster.ownership import LABEL_PID, LABEL_RUN, state_root
+from squall.protocols.allreduce.protocol import LOCAL_SGD
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ class Run:
     def __init__(self) -> None:
         env = {**os.environ, "SQUALL_PROGRESS": "plain", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.cli", "run", "--protocol", LOCAL_SGD, "--profile", "wan-5ms",
+            [sys.executable, "-m", "squall.cli.main", "run", "--protocol", LOCAL_SGD, "--profile", "wan-5ms",
              "--workers", "4", "--seconds", str(BUDGET_S), "--report", "/tmp/squall-test-signals-report"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             # as a CI runner starts it: SIGINT is not ignored by inheritance here, the CLI installs its own

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged, drift_bounded
-from harness.experiment import Lab, RunSpec
+from squall.checks import Target, converged, drift_bounded
+from squall.experiment.lab import Lab, RunSpec
 
 pytestmark = pytest.mark.docker
 

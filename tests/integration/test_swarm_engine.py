@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.runner import calibrate
-from harness.cluster import ClusterSpec
-from harness.cluster.backend import open_cluster
-from harness.cluster.gc import collect
-from harness.cluster.swarm.cluster import SwarmCluster
-from harness.profiles import load_profile
-from harness.shaping import state_at
+from squall.calibration.runner import calibrate
+from squall.cluster import ClusterSpec
+from squall.cluster.backend import open_cluster
+from squall.cluster.gc import collect
+from squall.cluster.swarm.cluster import SwarmCluster
+from squall.profiles import load_profile
+from squall.shaping import state_at
 from tests.integration.swarm_checks import leftovers, swarm_as_before
 from tests.timing import report_passed, retrying
 
@@ -63,8 +63,8 @@ def test_echo_mesh_across_four_workers(swarm4: SwarmCluster) -> None:
 
 def test_the_node_agent_refuses_requests_without_the_token_and_foreign_containers(
         swarm4: SwarmCluster, docker_client: Any) -> None:
-    from harness.cluster.errors import ClusterError
-    from harness.cluster.swarm import wire
+    from squall.cluster.errors import ClusterError
+    from squall.cluster.swarm import wire
 
     (link,) = swarm4.links.values()
     answer = wire.call((link.host, link.port), "not-the-token", {"cmd": "workers"})
@@ -84,7 +84,7 @@ def test_shaping_through_the_node_agent_is_all_or_nothing(swarm4: SwarmCluster) 
         shaper.check()
         bad = state_at(load_profile("wan-5ms"), 4, 0.0)
         # a link to a node that is not an endpoint: the agent refuses, nothing changes
-        from harness.shaping.base import LinkState, ShapingError
+        from squall.shaping.base import LinkState, ShapingError
 
         with pytest.raises(ShapingError, match="not an endpoint"):
             shaper.apply(LinkState({**bad.links, (0, 7): next(iter(bad.links.values()))}))
@@ -192,9 +192,9 @@ def test_a_stop_signal_tears_everything_down(docker_client: Any, worker_image: s
 
 _HOLD = """
 import signal, sys, time
-from harness.cluster import ClusterSpec
+from squall.cluster import ClusterSpec
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-from harness.cluster.backend import open_cluster
+from squall.cluster.backend import open_cluster
 with open_cluster(ClusterSpec(workers=2, memory="256m", preload=(), engine="swarm")) as cluster:
     print("READY", cluster.run_id, flush=True)
     time.sleep(600)

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.runner import calibrate
-from harness.cluster import ClusterSpec
-from harness.cluster.backend import open_cluster
-from harness.cluster.gc import collect
-from harness.cluster.swarm.agent_image import ensure_agent_image
-from harness.cluster.swarm.cluster import SwarmCluster, SwarmNode
-from harness.cluster.swarm.dind import ROLE, DindNodes, DindSpec
+from squall.calibration.runner import calibrate
+from squall.cluster import ClusterSpec
+from squall.cluster.backend import open_cluster
+from squall.cluster.gc import collect
+from squall.cluster.swarm.agent_image import ensure_agent_image
+from squall.cluster.swarm.cluster import SwarmCluster, SwarmNode
+from squall.cluster.swarm.dind import ROLE, DindNodes, DindSpec
 from tests.integration.swarm_checks import leftovers, swarm_as_before
 from tests.timing import report_passed
 
@@ -65,8 +65,8 @@ def test_gc_removes_the_nodes_of_a_killed_harness(docker_client: Any, worker_ima
 
 _HOLD = """
 import time
-from harness.cluster.engine import docker_client
-from harness.cluster.swarm.dind import DindNodes, DindSpec
+from squall.cluster.engine import docker_client
+from squall.cluster.swarm.dind import DindNodes, DindSpec
 nodes = DindNodes(docker_client(), DindSpec(nodes=1)).start()
 print("READY", nodes.run_id, flush=True)
 time.sleep(600)

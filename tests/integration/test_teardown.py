@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.cluster import Cluster, ClusterError, ClusterSpec, ClusterSpecError, ImageError
-from harness.cluster.gc import collect
-from harness.cluster.ownership import new_run_id
+from squall.cluster import Cluster, ClusterError, ClusterSpec, ClusterSpecError, ImageError
+from squall.cluster.gc import collect
+from squall.cluster.ownership import new_run_id
 
 from .conftest import labelled
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cluster import Cluster
-from harness.trace import build_trace
+from squall.cluster import Cluster
+from squall.trace import build_trace
 
 pytestmark = pytest.mark.docker
 

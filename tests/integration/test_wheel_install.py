@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness import assets
+from squall import assets
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "myproto"
@@ -79,7 +79,10 @@ def test_an_installed_wheel_runs_a_third_party_protocol(tmp_path: Path, docker_c
     wheel = _build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    packaged = f"harness/{assets.PACKAGED_DIR}"
+    # One namespace: everything the wheel installs is the squall package or its metadata.
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"squall"}, sorted(tops)
+    packaged = f"squall/{assets.PACKAGED_DIR}"
     for needed in ("netem_profiles/lan.yaml", "netem_profiles/README.md", "containers/worker.Dockerfile",
                    "containers/requirements.txt", "containers/base/debootstrap.sh", "claims.yaml",
                    "matrices/ci.yaml"):
@@ -98,7 +101,7 @@ def test_an_installed_wheel_runs_a_third_party_protocol(tmp_path: Path, docker_c
     t_installed = time.monotonic()
 
     python = str(venv / "bin" / "python")
-    where = _run([python, "-c", "import harness.assets as a, torch; print(a.__file__, a.layout(), torch.__version__)"],
+    where = _run([python, "-c", "import squall.assets as a, torch; print(a.__file__, a.layout(), torch.__version__)"],
                  cwd=tmp_path, env=env, timeout=300)
     module, layout, torch_version = where.stdout.split()
     assert Path(module).is_relative_to(venv) and layout == "wheel", where.stdout + where.stderr
@@ -130,8 +133,8 @@ def test_an_installed_wheel_runs_a_third_party_protocol(tmp_path: Path, docker_c
     for cell in ("myproto_protocol_main-lan-w4", "myproto_protocol_main-wan_30ms_2pct-w4"):
         assert f"test_reaches_the_target_on_each_network[{cell}] PASSED" in run.stdout
         assert cell in (user / "report" / "report.html").read_text()
-    staged = list((cache / "code").iterdir())  # the containers mounted a copy of protocols/, not site-packages
-    assert len(staged) == 1 and [p.name for p in staged[0].iterdir()] == ["protocols"]
+    staged = list((cache / "code").iterdir())  # the containers mounted a copy of squall/, not site-packages
+    assert len(staged) == 1 and [p.name for p in staged[0].iterdir()] == ["squall"]
     assert _containers_mounting(docker_client, tmp_path) == []  # nothing left behind
     print(f"wheel {wheel.stat().st_size / 1024:.0f} KiB, {len(names)} files; install {t_installed - t0:.0f} s; "
           f"plugin run {time.monotonic() - t_pytest:.0f} s; total {time.monotonic() - t0:.0f} s")

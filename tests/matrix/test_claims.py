@@ -1,4 +1,4 @@
-"""Every gating claim in claims.yaml, measured on real containers and shaped links (see harness/claims.py).
+"""Every gating claim in claims.yaml, measured on real containers and shaped links (see squall/claims/registry.py).
 
 Claims with ``gate: false`` say in the registry why they cannot gate CI on this host; ``make matrix``
 measures and reports them all.
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.claims import evaluate, load_claims
+from squall.claims.registry import evaluate, load_claims
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, converged, drift_bounded
-from harness.matrix import load_matrix_file
-from protocols.catalog import PROTOCOLS
+from squall.checks import Target, converged, drift_bounded
+from squall.experiment.matrix import load_matrix_file
+from squall.protocols.catalog import PROTOCOLS
 
 CI = load_matrix_file(Path(__file__).resolve().parents[2] / "matrices" / "ci.yaml", known_protocols=PROTOCOLS)
 TARGET = Target(*next(iter(CI.run["target"].items())))

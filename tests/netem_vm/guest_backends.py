@@ -24,9 +24,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.profiles import Chance, LinkSpec, NodeLinkSpec
-from harness.shaping import LinkState, Shaper, open_shaper
-from harness.shaping.nfqueue.probe import ProbeResult
+from squall.profiles import Chance, LinkSpec, NodeLinkSpec
+from squall.shaping import LinkState, Shaper, open_shaper
+from squall.shaping.echo_probe import ProbeResult
 from tests.integration.test_shaping_backends import (
     CHANGE_DEADLINE_MS,
     DELAY_ABS_TOLERANCE_US,

@@ -50,20 +50,20 @@ from typing import Any
 
 import pytest
 
-from harness.calibration import judge, verdicts
-from harness.calibration import plan as calibration_plan
-from harness.calibration import runner as calibration_runner
-from harness.calibration.expected import delay_model
-from harness.calibration.judge import Baseline, stalled_fraction
-from harness.calibration.observations import Sample, UdpObservation, raw_samples
-from harness.calibration.probing import finish_udp, run_udp, start_udp
-from harness.calibration.runner import STALL_TRIES
-from harness.calibration.stats import Moments, without_stalls
-from harness.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay, check_jitter
-from harness.profiles import profile_from_data
-from harness.shaping import Shaper, open_shaper, state_at
-from harness.shaping.base import LinkState
-from harness.shaping.nfqueue.probe import realtime
+from squall.calibration import judge, verdicts
+from squall.calibration import plan as calibration_plan
+from squall.calibration import runner as calibration_runner
+from squall.calibration.expected import delay_model
+from squall.calibration.judge import Baseline, stalled_fraction
+from squall.calibration.observations import Sample, UdpObservation, raw_samples
+from squall.calibration.probing import finish_udp, run_udp, start_udp
+from squall.calibration.runner import STALL_TRIES
+from squall.calibration.stats import Moments, without_stalls
+from squall.calibration.verdicts import MAX_STALL_FRACTION, CalibrationOutcome, check_delay, check_jitter
+from squall.profiles import profile_from_data
+from squall.shaping import Shaper, open_shaper, state_at
+from squall.shaping.base import LinkState
+from squall.shaping.echo_probe import realtime
 from tests import kernel_clients, timing
 from tests.netem_vm.guest_sched import ksoftirqd_wait_s
 

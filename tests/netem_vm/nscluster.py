@@ -2,13 +2,13 @@
 
 The netem VM (``scripts/netem-vm/``) has a netem kernel but no Docker, so the conformance suite and
 the calibration run there on this stand-in. It offers what they use of
-:class:`harness.cluster.Cluster` (``run_id``, ``nodes``, ``engine``, ``endpoints()``,
+:class:`squall.cluster.Cluster` (``run_id``, ``nodes``, ``engine``, ``endpoints()``,
 ``open_shaper()``, ``placement()``, ``clock_offsets()``, ``start_job``, ``run_job``) and nothing
-else. The namespaces are :class:`harness.shaping.lan.BridgedLan`'s (``h<i>`` with ``eth0`` a veth
+else. The namespaces are :class:`squall.shaping.lan.BridgedLan`'s (``h<i>`` with ``eth0`` a veth
 port of a bridge, as a container's); each runs the same agent the containers run
-(:mod:`protocols.agent`, probe jobs preloaded, so a job costs a fork rather than a Python start,
+(:mod:`squall.worker.agent`, probe jobs preloaded, so a job costs a fork rather than a Python start,
 which is several seconds under TCG), reached through a Unix socket in a temporary directory, and
-the jobs' results are read by the harness's own :class:`~harness.cluster.jobs.JobResult`.
+the jobs' results are read by the harness's own :class:`~squall.cluster.jobs.JobResult`.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.cluster.agent_client import AgentClient
-from harness.cluster.errors import JobError
-from harness.cluster.jobs import JobResult
-from harness.shaping import Shaper, open_shaper
-from harness.shaping.base import Endpoint
-from harness.shaping.lan import BridgedLan
+from squall.cluster.agent_client import AgentClient
+from squall.cluster.errors import JobError
+from squall.cluster.jobs import JobResult
+from squall.shaping import Shaper, open_shaper
+from squall.shaping.base import Endpoint
+from squall.shaping.lan import BridgedLan
 
 logger = logging.getLogger(__name__)
 
-PRELOAD = "protocols.jobs.probes"  # what the agents import before serving: the probe jobs
+PRELOAD = "squall.calibration.probes"  # what the agents import before serving: the probe jobs
 AGENT_PRIORITY = 5  # SCHED_FIFO of the agents and their jobs (the probes); see tests/timing.py
 READY_TIMEOUT_S = 180.0  # four agents starting Python at once under TCG on a loaded host
 
@@ -52,7 +52,7 @@ class NsNode:
 
 
 class NsJobHandle:
-    """A job started on some hosts; :meth:`wait` collects the results (as :class:`harness.cluster.JobHandle`)."""
+    """A job started on some hosts; :meth:`wait` collects the results (as :class:`squall.cluster.JobHandle`)."""
 
     def __init__(self, cluster: NamespaceCluster, job_id: str, nodes: list[int], timeout: float) -> None:
         self.cluster = cluster
@@ -112,7 +112,7 @@ class NamespaceCluster:
                 log = (run_dir / "agent.log").open("wb")
                 # SCHED_FIFO, inherited by every job the agent forks: inside the guest nothing else
                 # (pytest, the shaper's tc calls) can then delay a probe's send or echo
-                argv = ["chrt", "-f", str(AGENT_PRIORITY), sys.executable, "-m", "protocols.agent",
+                argv = ["chrt", "-f", str(AGENT_PRIORITY), sys.executable, "-m", "squall.worker.agent",
                         "--socket", str(run_dir / "agent.sock"),
                         "--preload", PRELOAD]
                 self._lan.bed.spawn(self._lan.key(ep.index), argv, stdout=log, stderr=subprocess.STDOUT)

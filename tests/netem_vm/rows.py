@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from harness.cluster.engine import in_ci
+from squall.cluster.engine import in_ci
 
 VM_TEST_FILE = "tests/integration/test_netem_vm.py"
 BACKENDS = "tests/integration/test_shaping_backends.py::"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from harness.cluster.agent_client import AgentClient
-from harness.cluster.errors import JobError
-from protocols.job import JobSpec, JobSpecError
-from protocols.worker import EXIT_BAD_SPEC, EXIT_FAILED, EXIT_OK, run_job
+from squall.cluster.agent_client import AgentClient
+from squall.cluster.errors import JobError
+from squall.job import JobSpec, JobSpecError
+from squall.worker.process import EXIT_BAD_SPEC, EXIT_FAILED, EXIT_OK, run_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def spec(out: Path, entry: str = "noop", job_id: str = "j1", **extra: Any) -> di
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentClient]:
     sock = Path(f"/tmp/sq-agent-{os.getpid()}-{time.monotonic_ns()}.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "protocols.agent", "--socket", str(sock)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "squall.worker.agent", "--socket", str(sock)], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.DEVNULL)
     client = AgentClient(sock)
     try:

@@ -8,9 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from protocols.al_dsgd.exchange import PERIOD_MODULUS, HeaderError, make_header, pack, parse_header
-from protocols.al_dsgd.protocol import DECLARATIONS, DEFAULT_ARGS, PAPER
-from protocols.al_dsgd.rule import (
+from squall.collectives import run_inproc
+from squall.gossip.graphs import Graph, ring_graph
+from squall.gossip.sgd import GossipSGD, graph_mixer
+from squall.protocols.al_dsgd.exchange import PERIOD_MODULUS, HeaderError, make_header, pack, parse_header
+from squall.protocols.al_dsgd.protocol import DECLARATIONS, DEFAULT_ARGS, PAPER
+from squall.protocols.al_dsgd.rule import (
     Peer,
     Plan,
     RuleConfig,
@@ -21,17 +24,14 @@ from protocols.al_dsgd.rule import (
     mixing_weights,
     plan,
 )
-from protocols.al_dsgd.schedule import GraphSchedule
-from protocols.al_dsgd.sgd import ALDSGD, NAME, LossTap, build
-from protocols.catalog import lookup
-from protocols.collectives import run_inproc
-from protocols.common.loop import LoopConfig, train
-from protocols.common.optim import LrSchedule, Sgd
-from protocols.common.tasks import LeastSquares, make_task
-from protocols.common.vote import TransportVote
-from protocols.gossip.graphs import Graph, ring_graph
-from protocols.gossip.sgd import GossipSGD, graph_mixer
-from protocols.transport import Transport, inproc_mesh
+from squall.protocols.al_dsgd.schedule import GraphSchedule
+from squall.protocols.al_dsgd.sgd import ALDSGD, NAME, LossTap, build
+from squall.protocols.catalog import lookup
+from squall.training.loop import LoopConfig, train
+from squall.training.optim import LrSchedule, Sgd
+from squall.training.tasks import LeastSquares, make_task
+from squall.training.vote import TransportVote
+from squall.transport import Transport, inproc_mesh
 
 RING8 = ring_graph(8)
 
@@ -130,7 +130,7 @@ def test_declaration_runs_its_own_job_with_the_paper() -> None:
     protocol = lookup(NAME)
     assert protocol.entry == NAME and protocol.paper == PAPER and "tcp" in protocol.needs
     assert dict(protocol.config)["algorithm"] == NAME
-    assert any(getattr(d, "target", "") == "protocols.al_dsgd.job:al_dsgd_train" for d in DECLARATIONS)
+    assert any(getattr(d, "target", "") == "squall.protocols.al_dsgd.job:al_dsgd_train" for d in DECLARATIONS)
 
 
 # -- dynamic graphs ---------------------------------------------------------------------------------

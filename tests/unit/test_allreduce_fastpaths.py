@@ -20,17 +20,17 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from harness.profiles import load_profile
-from harness.shaping import state_at
-from protocols.collectives import LinkModel, butterfly_allreduce, ring_allreduce, run_inproc
-from protocols.collectives.ops import as_numpy, combine, combine_into, copy_into, finalize, flat_copy
-from protocols.collectives.schedule import MAX_RING_CHUNK, MIN_RING_CHUNK, ring_chunk_bytes
-from protocols.job import JobContext, JobSpec, MetricsWriter
-from protocols.jobs.allreduce_bench import CHECKS, BenchConfig, allreduce_bench, collective_check
-from protocols.registry import resolve
-from protocols.transport import Transport, tcp_mesh
-from protocols.transport.stream import BufferPool
-from protocols.wire import Message
+from squall.bench.allreduce import CHECKS, BenchConfig, allreduce_bench, collective_check
+from squall.collectives import LinkModel, butterfly_allreduce, ring_allreduce, run_inproc
+from squall.collectives.ops import as_numpy, combine, combine_into, copy_into, finalize, flat_copy
+from squall.collectives.schedule import MAX_RING_CHUNK, MIN_RING_CHUNK, ring_chunk_bytes
+from squall.job import JobContext, JobSpec, MetricsWriter
+from squall.profiles import load_profile
+from squall.shaping import state_at
+from squall.transport import Transport, tcp_mesh
+from squall.transport.stream import BufferPool
+from squall.wire import Message
+from squall.worker.registry import resolve
 
 T = TypeVar("T")
 PEERS = tuple(f"127.0.0.{i + 1}" for i in range(4))  # every 127/8 address is loopback on Linux
@@ -154,7 +154,7 @@ def test_a_large_frame_sent_in_slow_pieces_by_a_raw_peer_is_received() -> None:
             await b.recv(0, round=1)
             conn = a._links[1].conn
             assert conn is not None
-            from protocols.wire import encode_message
+            from squall.wire import encode_message
 
             frame = encode_message(Message.of_tensor(tensor, round=3), sender=0)
             data = frame.tobytes()

@@ -1,4 +1,4 @@
-"""Assets are found through the package: the checkout's folders, or a wheel's package data (harness/assets.py).
+"""Assets are found through the package: the checkout's folders, or a wheel's package data (squall/assets.py).
 
 The wheel layout is rebuilt in a temporary ``site-packages`` (a ``harness`` package with
 ``_assets/`` and a ``protocols`` package), so these tests need no build; the real wheel is built
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import assets
-from harness.cli_profiles import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, cmd_list
-from harness.cluster import image
-from harness.cluster.errors import ImageError
+from squall import assets
+from squall.cli.profiles import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, cmd_list
+from squall.cluster import image
+from squall.cluster.errors import ImageError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,9 @@ def test_a_checkout_uses_its_own_folders() -> None:
 
 
 def _fake_wheel(root: Path) -> Path:
-    """A site-packages holding an installed Squall: harness/_assets and a protocols package."""
+    """A site-packages holding an installed Squall: the squall package with its _assets."""
     site = root / "site-packages"
-    packaged = site / "harness" / assets.PACKAGED_DIR
+    packaged = site / "squall" / assets.PACKAGED_DIR
     (packaged / "netem_profiles").mkdir(parents=True)
     (packaged / "netem_profiles" / "lan.yaml").write_text("name: lan\n")
     (packaged / "containers" / "base").mkdir(parents=True)
@@ -74,11 +74,11 @@ def _fake_wheel(root: Path) -> Path:
     (packaged / "matrices").mkdir()
     (packaged / "matrices" / "ci.yaml").write_text("protocols: [x]\n")
     (packaged / "claims.yaml").write_text("claims: []\n")
-    (site / "protocols" / "sub").mkdir(parents=True)
-    (site / "protocols" / "__init__.py").write_text("")
-    (site / "protocols" / "sub" / "mod.py").write_text("X = 1\n")
-    (site / "protocols" / "__pycache__").mkdir()
-    (site / "protocols" / "__pycache__" / "junk.pyc").write_bytes(b"\0")
+    (site / "squall" / "__init__.py").write_text("")
+    (site / "squall" / "sub").mkdir(parents=True)
+    (site / "squall" / "sub" / "mod.py").write_text("X = 1\n")
+    (site / "squall" / "__pycache__").mkdir()
+    (site / "squall" / "__pycache__" / "junk.pyc").write_bytes(b"\0")
     (site / "torch").mkdir()  # what must never reach the containers
     return site
 
@@ -86,13 +86,13 @@ def _fake_wheel(root: Path) -> Path:
 @pytest.fixture
 def wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     site = _fake_wheel(tmp_path)
-    monkeypatch.setattr(assets, "package_dir", lambda: site / "harness")
+    monkeypatch.setattr(assets, "package_dir", lambda: site / "squall")
     monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path / "cache"))
     return site
 
 
 def test_a_wheel_uses_its_package_data(wheel: Path, tmp_path: Path) -> None:
-    packaged = wheel / "harness" / assets.PACKAGED_DIR
+    packaged = wheel / "squall" / assets.PACKAGED_DIR
     assert assets.layout() == "wheel"
     assert assets.checkout_root() is None
     assert assets.profiles_dir() == packaged / "netem_profiles"
@@ -104,18 +104,19 @@ def test_a_wheel_uses_its_package_data(wheel: Path, tmp_path: Path) -> None:
     assert assets.matrix_names() == ["ci"]
 
 
-def test_a_wheel_mounts_a_staged_copy_of_its_protocols_only(wheel: Path, tmp_path: Path) -> None:
+def test_a_wheel_mounts_a_staged_copy_of_its_code_only(wheel: Path, tmp_path: Path) -> None:
     staged = assets.code_root()
     assert staged.parent == tmp_path / "cache" / "code"
-    assert (staged / "protocols" / "sub" / "mod.py").read_text() == "X = 1\n"
-    assert sorted(p.name for p in staged.iterdir()) == ["protocols"]  # no torch, no harness
-    assert not (staged / "protocols" / "__pycache__").exists()
+    assert (staged / "squall" / "sub" / "mod.py").read_text() == "X = 1\n"
+    assert sorted(p.name for p in staged.iterdir()) == ["squall"]  # no torch
+    assert not (staged / "squall" / "__pycache__").exists()
+    assert not (staged / "squall" / assets.PACKAGED_DIR).exists()  # the assets stay on the host
     assert assets.code_root() == staged  # staged once per content
     assert len(list(staged.parent.iterdir())) == 1
-    (wheel / "protocols" / "sub" / "mod.py").write_text("X = 22\n")  # an upgrade: new content, new copy
+    (wheel / "squall" / "sub" / "mod.py").write_text("X = 22\n")  # an upgrade: new content, new copy
     restaged = assets.code_root()
     assert restaged != staged
-    assert (restaged / "protocols" / "sub" / "mod.py").read_text() == "X = 22\n"
+    assert (restaged / "squall" / "sub" / "mod.py").read_text() == "X = 22\n"
 
 
 def test_a_missing_asset_names_where_it_looked(wheel: Path) -> None:
@@ -123,15 +124,15 @@ def test_a_missing_asset_names_where_it_looked(wheel: Path) -> None:
         assets.require("containers/requirements.txt")
     message = str(caught.value)
     assert "'containers/requirements.txt' is missing" in message
-    assert str(wheel / "harness" / assets.PACKAGED_DIR / "containers" / "requirements.txt") in message
+    assert str(wheel / "squall" / assets.PACKAGED_DIR / "containers" / "requirements.txt") in message
     assert "reinstall" in message
 
 
 def test_nothing_installed_is_a_missing_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "harness").mkdir()
-    monkeypatch.setattr(assets, "package_dir", lambda: tmp_path / "harness")
+    (tmp_path / "squall").mkdir()
+    monkeypatch.setattr(assets, "package_dir", lambda: tmp_path / "squall")
     assert assets.layout() == "missing"
-    assert assets.profiles_dir() == tmp_path / "harness" / assets.PACKAGED_DIR / "netem_profiles"
+    assert assets.profiles_dir() == tmp_path / "squall" / assets.PACKAGED_DIR / "netem_profiles"
     with pytest.raises(assets.AssetError, match=r"claims\.yaml' is missing"):
         assets.require("claims.yaml")
 
@@ -158,7 +159,7 @@ def test_matrices_by_name_or_path(tmp_path: Path) -> None:
 
 def test_an_empty_profile_list_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.profiles import loader
+    from squall.profiles import loader
 
     monkeypatch.setattr(loader, "PROFILE_DIR", tmp_path / "none")
     monkeypatch.delenv(loader.PATH_ENV, raising=False)
@@ -169,7 +170,7 @@ def test_an_empty_profile_list_is_an_error(tmp_path: Path, monkeypatch: pytest.M
     assert str(tmp_path / "none") in captured.err
 
 
-@pytest.mark.parametrize("module", ["harness.cli", "harness.cli_profiles"])
+@pytest.mark.parametrize("module", ["squall.cli.main", "squall.cli.profiles"])
 def test_a_closed_pipe_ends_quietly(module: str) -> None:
     """``squall profiles list | head``: the reader is gone before the first write (deterministic)."""
     read_end, write_end = os.pipe()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
-from harness.calibration.judge import Baseline, Evidence, judge
-from harness.calibration.observations import LinkObservation, RoundTrip, UdpObservation
-from harness.calibration.stats import Moments
-from harness.profiles import LinkSpec
-from harness.shaping.base import LinkState
+from squall.calibration.judge import Baseline, Evidence, judge
+from squall.calibration.observations import LinkObservation, RoundTrip, UdpObservation
+from squall.calibration.stats import Moments
+from squall.profiles import LinkSpec
+from squall.shaping.base import LinkState
 
 LINKS = ((0, 1), (1, 0))
 

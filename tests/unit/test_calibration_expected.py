@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from harness.calibration.expected import (
+from squall.calibration.expected import (
     delay_model,
     link_rate_bps,
     loss_model,
@@ -16,9 +16,9 @@ from harness.calibration.expected import (
     rtt_model,
     wire_bps,
 )
-from harness.profiles import Distribution, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
-from harness.shaping.nfqueue.config import GilbertElliott as DaemonGE
-from harness.shaping.nfqueue.loss import CorrelatedEvent, GilbertElliottLoss
+from squall.profiles import Distribution, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
+from squall.shaping.nfqueue.config import GilbertElliott as DaemonGE
+from squall.shaping.nfqueue.loss import CorrelatedEvent, GilbertElliottLoss
 
 UNIFORM, NORMAL, PARETO = Distribution.UNIFORM, Distribution.NORMAL, Distribution.PARETO
 

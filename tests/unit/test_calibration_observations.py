@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.judge import Baseline, Evidence, judge
-from harness.calibration.observations import (
+from squall.calibration.judge import Baseline, Evidence, judge
+from squall.calibration.observations import (
     Sample,
     TransferObservation,
     better,
@@ -18,9 +18,9 @@ from harness.calibration.observations import (
     raw_samples,
     shared_clock,
 )
-from harness.calibration.verdicts import CalibrationOutcome
-from harness.profiles import LinkSpec, Loss
-from harness.shaping.base import LinkState
+from squall.calibration.verdicts import CalibrationOutcome
+from squall.profiles import LinkSpec, Loss
+from squall.shaping.base import LinkState
 
 CLOCK = {"boot_id": "b", "time_ns": "time:[1]"}
 

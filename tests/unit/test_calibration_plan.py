@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.calibration.expected import loss_model
-from harness.calibration.plan import MAX_COUNT, MIN_COUNT, QUICK_MIN_COUNT, plan_probes, reschedule
-from harness.calibration.verdicts import LOSS_RESOLUTION, CalibrationOutcome, check_loss, loss_packets_needed
-from harness.profiles import Profile, load_profile
-from harness.shaping import state_at
-from harness.shaping.base import LinkState
+from squall.calibration.expected import loss_model
+from squall.calibration.plan import MAX_COUNT, MIN_COUNT, QUICK_MIN_COUNT, plan_probes, reschedule
+from squall.calibration.verdicts import LOSS_RESOLUTION, CalibrationOutcome, check_loss, loss_packets_needed
+from squall.profiles import Profile, load_profile
+from squall.shaping import state_at
+from squall.shaping.base import LinkState
 
 
 def _state(profile: str | Profile, n: int) -> LinkState:
@@ -96,7 +96,7 @@ def test_transfers_do_not_overlap_and_warm_up_longer_on_long_fat_links() -> None
 
 
 def test_links_without_a_rate_get_no_transfer() -> None:
-    from harness.profiles import profile_from_data
+    from squall.profiles import profile_from_data
 
     profile = profile_from_data({"name": "x", "description": "x", "links": {
         "default": {"delay": "1ms"}, "pairs": [{"link": "0 -> 1", "rate": "10mbit"}]}})
@@ -106,7 +106,7 @@ def test_links_without_a_rate_get_no_transfer() -> None:
 
 
 def test_blocked_links_get_no_transfer_and_unchecked_settings_are_noted() -> None:
-    from harness.profiles import profile_from_data
+    from squall.profiles import profile_from_data
 
     profile = profile_from_data({"name": "x", "description": "x", "links": {
         "default": {"delay": "5ms", "rate": "100mbit", "duplicate": "1%"}}, "churn": {"events": [

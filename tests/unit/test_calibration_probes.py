@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.observations import parse_tcp, parse_udp, raw_samples
-from protocols.job import JobContext, JobSpec, MetricsWriter
-from protocols.jobs import probes
-from protocols.registry import resolve
+from squall.calibration import probes
+from squall.calibration.observations import parse_tcp, parse_udp, raw_samples
+from squall.job import JobContext, JobSpec, MetricsWriter
+from squall.worker.registry import resolve
 
 PEERS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 

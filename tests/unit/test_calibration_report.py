@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from harness import cli_calibrate
-from harness.calibration import runner
-from harness.calibration.judge import Baseline
-from harness.calibration.plan import plan_probes
-from harness.calibration.report import CalibrationReport
-from harness.calibration.verdicts import CalibrationOutcome, Check
-from harness.profiles import load_profile
-from harness.shaping import state_at
+from squall.calibration import runner
+from squall.calibration.judge import Baseline
+from squall.calibration.plan import plan_probes
+from squall.calibration.report import CalibrationReport
+from squall.calibration.verdicts import CalibrationOutcome, Check
+from squall.cli import calibrate as cli_calibrate
+from squall.profiles import load_profile
+from squall.shaping import state_at
 
 
 def _report(*verdicts: CalibrationOutcome, errors: tuple[str, ...] = ()) -> CalibrationReport:
@@ -93,9 +93,9 @@ class _NoCluster:
 
 @pytest.fixture(autouse=True)
 def _no_containers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.cluster.backend
+    import squall.cluster.backend
 
-    monkeypatch.setattr(harness.cluster.backend, "open_cluster", _NoCluster)  # what the command opens
+    monkeypatch.setattr(squall.cluster.backend, "open_cluster", _NoCluster)  # what the command opens
 
 
 @pytest.mark.parametrize("case", [

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from harness.calibration.stats import (
+from squall.calibration.stats import (
     Moments,
     acceptance_range,
     binomial_cdf,

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from harness.calibration.expected import DelayModel, LossModel, delay_model, loss_model
-from harness.calibration.stats import Moments
-from harness.calibration.verdicts import (
+from squall.calibration.expected import DelayModel, LossModel, delay_model, loss_model
+from squall.calibration.stats import Moments
+from squall.calibration.verdicts import (
     CalibrationOutcome,
     Check,
     check_delay,
@@ -19,7 +19,7 @@ from harness.calibration.verdicts import (
     loss_packets_needed,
     overall,
 )
-from harness.profiles import Distribution, GilbertElliott, Jitter, LinkSpec, Loss
+from squall.profiles import Distribution, GilbertElliott, Jitter, LinkSpec, Loss
 
 P, F, U, H = (CalibrationOutcome.PASSED, CalibrationOutcome.FAILED, CalibrationOutcome.UNKNOWN,
               CalibrationOutcome.HOST_LIMITED)

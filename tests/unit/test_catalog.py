@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.cli_protocols import main as protocols_cli
-from protocols.catalog import (
+from squall.cli.protocols import main as protocols_cli
+from squall.protocols.catalog import (
     PROTOCOLS,
     algorithms,
     collect,
@@ -22,10 +22,10 @@ from protocols.catalog import (
     make_algorithm,
     source_of,
 )
-from protocols.common.algorithms import LOCAL
-from protocols.common.declaration import AlgorithmDeclaration, Declaration, DeclarationError, JobDeclaration
-from protocols.registry import REGISTRY, UnknownEntry, jobs, resolve
-from protocols.transport import inproc_mesh
+from squall.training.algorithms import LOCAL
+from squall.training.declaration import AlgorithmDeclaration, Declaration, DeclarationError, JobDeclaration
+from squall.transport import inproc_mesh
+from squall.worker.registry import REGISTRY, UnknownEntry, jobs, resolve
 
 #: Every shipped protocol and the folder whose protocol.py declares it.
 SHIPPED = {
@@ -76,7 +76,7 @@ def with_entry_points(monkeypatch: pytest.MonkeyPatch, *points: importlib.metada
 def test_every_shipped_protocol_is_found_in_its_folder() -> None:
     assert set(PROTOCOLS) == set(SHIPPED)
     for name, folder in SHIPPED.items():
-        assert source_of(name) == f"protocols.{folder}.protocol"
+        assert source_of(name) == f"squall.protocols.{folder}.protocol"
         assert lookup(name) is PROTOCOLS[name]
         assert lookup(name).description
     assert {n for n, p in PROTOCOLS.items() if not p.paper} == {"ring", "gloo"}  # the baselines
@@ -140,8 +140,8 @@ def test_a_shipped_name_declared_again_by_an_entry_point_is_rejected(
 ) -> None:
     with_entry_points(monkeypatch, importlib.metadata.EntryPoint("dup", "tests.unit.test_catalog:DUPLICATE",
                                                                  "squall.protocols"))
-    with pytest.raises(DeclarationError, match=r"protocol 'moshpit' is declared twice: by protocols.moshpit.protocol "
-                                               r"and by entry point dup = 'tests.unit.test_catalog:DUPLICATE'"):
+    with pytest.raises(DeclarationError, match=r"protocol 'moshpit' is declared twice: by squall.protocols.moshpit."
+                       r"protocol and by entry point dup = 'tests.unit.test_catalog:DUPLICATE'"):
         discover()
 
 
@@ -149,20 +149,20 @@ DUPLICATE = [Declaration("moshpit", "an impostor", "train")]
 
 
 def test_a_registry_job_declared_by_a_folder_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    import protocols.catalog
+    import squall.protocols.catalog
 
     clash = collect([("protocols.x.protocol", (JobDeclaration("noop", "x.y:z"),))])
-    monkeypatch.setattr(protocols.catalog, "discover", lambda: clash)
+    monkeypatch.setattr(squall.protocols.catalog, "discover", lambda: clash)
     with pytest.raises(DeclarationError, match=r"jobs \['noop'\] are declared by a protocol folder and by "
-                                               r"protocols/registry.py"):
+                                               r"squall/worker/registry.py"):
         jobs()
     local = collect([("protocols.x.protocol", (AlgorithmDeclaration("local", LOCAL.build),))])
-    monkeypatch.setattr(protocols.catalog, "discover", lambda: local)
+    monkeypatch.setattr(squall.protocols.catalog, "discover", lambda: local)
     with pytest.raises(DeclarationError, match="algorithm 'local' is built in"):
         algorithms()
     with pytest.raises(UnknownEntry, match=r"entry point 'moshpit': the protocol declarations cannot be read "
                                            r"\(jobs \['noop'\] are declared by a protocol folder"):
-        monkeypatch.setattr(protocols.catalog, "discover", lambda: clash)
+        monkeypatch.setattr(squall.protocols.catalog, "discover", lambda: clash)
         resolve("moshpit")
     assert resolve("noop") is not None  # utility jobs never wait on the declarations
 
@@ -195,7 +195,7 @@ def test_declarations_are_frozen_and_their_config_read_only() -> None:
 
 
 def test_entry_points_may_hold_one_declaration_a_sequence_or_a_module() -> None:
-    import protocols.moshpit.protocol as module
+    import squall.protocols.moshpit.protocol as module
 
     assert declarations_of(THIRD_PARTY, "s") == (THIRD_PARTY,)
     assert declarations_of([THIRD_PARTY], "s") == (THIRD_PARTY,)
@@ -233,14 +233,14 @@ def test_cli_lists_every_protocol_with_its_paper_and_source(capsys: pytest.Captu
     assert lines[0].split() == ["NAME", "DESCRIPTION", "PAPER", "SOURCE"]
     assert sorted(line.split()[0] for line in lines[1:]) == sorted(SHIPPED)
     moshpit = next(line for line in lines if line.startswith("moshpit "))
-    assert "Ryabinin et al., NeurIPS 2021" in moshpit and moshpit.endswith("protocols.moshpit.protocol")
+    assert "Ryabinin et al., NeurIPS 2021" in moshpit and moshpit.endswith("squall.protocols.moshpit.protocol")
 
     assert protocols_cli(["protocols", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == sorted(SHIPPED)
     gloo = next(r for r in rows if r["name"] == "gloo")
     assert gloo == {"name": "gloo", "description": "synchronous SGD over torch.distributed (gloo)", "paper": "",
-                    "source": "protocols.baselines.protocol", "entry": "gloo_train", "rejoins": False,
+                    "source": "squall.protocols.baselines.protocol", "entry": "gloo_train", "rejoins": False,
                     "needs": ["device_model", "tcp", "torch_distributed"]}
 
 
@@ -256,10 +256,10 @@ def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 
 
 def test_a_utility_job_starts_without_the_protocol_packages() -> None:
-    """Resolving a probe job imports neither torch nor protocols.common: the calibration containers
+    """Resolving a probe job imports neither torch nor squall.training: the calibration containers
     preload nothing, and a probe whose start waits for those imports misses its common start time."""
-    code = ("import sys; from protocols.registry import resolve; resolve('udp_probe'); resolve('noop'); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('protocols.common', "
-            "'protocols.catalog'))))")
+    code = ("import sys; from squall.worker.registry import resolve; resolve('udp_probe'); resolve('noop'); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('squall.training', "
+            "'squall.protocols.catalog'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from harness.checks import Target, Verdict, converged, drift_bounded, fidelity, safe, speedup
-from harness.trace import ChurnMark, RunTrace, StepRecord, build_trace
+from squall.checks import Target, Verdict, converged, drift_bounded, fidelity, safe, speedup
+from squall.trace import ChurnMark, RunTrace, StepRecord, build_trace
 
 
 def trace(curves: dict[int, list[tuple[float, float]]], *, metric: str = "accuracy", protocol: str = "p",

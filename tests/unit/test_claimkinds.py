@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.claimkinds import KINDS
-from harness.claims import ClaimError, evaluate, load_claims
-from harness.experiment import RunSpec
-from harness.trace import RunTrace, StepRecord
-from protocols.dropcompute.protocol import BASELINE as OFF
-from protocols.dropcompute.protocol import NAME as DC
+from squall.claims.kinds import KINDS
+from squall.claims.registry import ClaimError, evaluate, load_claims
+from squall.experiment.lab import RunSpec
+from squall.protocols.dropcompute.protocol import BASELINE as OFF
+from squall.protocols.dropcompute.protocol import NAME as DC
+from squall.trace import RunTrace, StepRecord
 
 BASE = {"id": "x", "paper": "p", "claim": "c", "paper_figure": "f", "our_setting": "s"}
 
@@ -142,8 +142,8 @@ def test_a_kind_that_crashes_is_unknown_not_passed(tmp_path: Path) -> None:
 
 
 def test_loss_per_sample_compares_at_equal_samples_and_checks_epochs(tmp_path: Path) -> None:
-    from protocols.dpsgd.protocol import DPSGD as BLOCKING
-    from protocols.nonblocking.protocol import DPSGD as NONBLOCKING
+    from squall.protocols.dpsgd.protocol import DPSGD as BLOCKING
+    from squall.protocols.nonblocking.protocol import DPSGD as NONBLOCKING
 
     claim = _load(tmp_path, check="loss_per_sample", fast=NONBLOCKING, slow=BLOCKING, profiles=["lan"], workers=2,
                   seeds=[0], run={"steps": 40, "batch_size": 32},

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from harness.claims import ClaimError, evaluate, load_claims
-from harness.experiment import RunSpec
-from harness.matrix import build_matrix
-from harness.trace import RunTrace, StepRecord
-from protocols.catalog import PROTOCOLS
+from squall.claims.registry import ClaimError, evaluate, load_claims
+from squall.experiment.lab import RunSpec
+from squall.experiment.matrix import build_matrix
+from squall.protocols.catalog import PROTOCOLS
+from squall.trace import RunTrace, StepRecord
 
 
 def test_shipped_claims_load_and_name_known_protocols_and_profiles() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, EXIT_USAGE, main
+from squall.cli.main import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, EXIT_USAGE, main
 
 pytest_plugins = ["pytester"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, ClusterSpecError
-from harness.cluster.backend import ClusterBackend, open_cluster
-from harness.cluster.spec import ENGINES, MAX_WORKERS
+from squall.cluster import Cluster, ClusterSpec, ClusterSpecError
+from squall.cluster.backend import ClusterBackend, open_cluster
+from squall.cluster.spec import ENGINES, MAX_WORKERS
 
 
 def test_default_engine_is_local() -> None:
@@ -38,7 +38,7 @@ def test_open_cluster_local_is_the_docker_cluster_and_meets_the_interface() -> N
 
 
 def test_open_cluster_swarm_meets_the_interface() -> None:
-    from harness.cluster.swarm.cluster import SwarmCluster
+    from squall.cluster.swarm.cluster import SwarmCluster
 
     cluster = open_cluster(ClusterSpec(workers=2, engine="swarm"), client=object())
     assert isinstance(cluster, SwarmCluster)
@@ -47,7 +47,7 @@ def test_open_cluster_swarm_meets_the_interface() -> None:
 
 
 def test_select_engine_sets_the_default_of_later_specs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.cluster.spec import ENGINE_ENV, select_engine
+    from squall.cluster.spec import ENGINE_ENV, select_engine
 
     monkeypatch.setenv(ENGINE_ENV, "")  # recorded, so whatever select_engine sets below is undone after
     select_engine(None)

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from harness.cluster.errors import ClusterSpecError
-from harness.cluster.spec import ClusterSpec, Mount, node_address, parse_bytes
-from harness.cluster.subnets import overlapping, pick_free
+from squall.cluster.errors import ClusterSpecError
+from squall.cluster.spec import ClusterSpec, Mount, node_address, parse_bytes
+from squall.cluster.subnets import overlapping, pick_free
 
 
 @pytest.mark.parametrize(

@@ -23,15 +23,15 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from protocols.collectives import (
+from squall.collectives import (
     CollectiveError,
     butterfly_allreduce,
     ring_allreduce,
     run_inproc,
     run_ranks,
 )
-from protocols.collectives.schedule import FoldPlan
-from protocols.transport import Transport, tcp_mesh
+from squall.collectives.schedule import FoldPlan
+from squall.transport import Transport, tcp_mesh
 from tests.timing import retrying
 
 EPS32 = torch.finfo(torch.float32).eps

@@ -4,7 +4,7 @@ Problem. Rank ``i`` holds ``f_i(x) = 0.5 ||A_i x - b_i||^2`` with ``A_i`` 8 x 5 
 ``b_i = A_i x_true + noise_i`` (unit-variance noise, different on every rank, so the local
 optima disagree: by about 0.5 ||x*||, see the last test). The minimiser of ``F = sum_i f_i`` is
 ``x* = (sum_i A_i^T A_i)^-1 sum_i A_i^T b_i``. A tiny local loop (no dependency on the training
-loop in ``protocols/common``) runs gradient steps plus one communication scheme on the
+loop in ``squall/training``) runs gradient steps plus one communication scheme on the
 in-process transport, in float64.
 
 Exact schemes (ring, butterfly, parameter server) run gradient descent on ``F / n`` with step
@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.collectives import butterfly_allreduce, ring_allreduce, run_inproc
-from protocols.gossip import (
+from squall.collectives import butterfly_allreduce, ring_allreduce, run_inproc
+from squall.gossip import (
     ExponentialSchedule,
     MixingRow,
     PushSum,
@@ -41,9 +41,9 @@ from protocols.gossip import (
     ring_graph,
     torus_graph,
 )
-from protocols.gossip.matchings import matcha_mix, plan_matcha
-from protocols.ps import PSLayout, ServerShard, SGDConfig, ps_step
-from protocols.transport import Transport
+from squall.gossip.matchings import matcha_mix, plan_matcha
+from squall.protocols.ps import PSLayout, ServerShard, SGDConfig, ps_step
+from squall.transport import Transport
 
 N, ROWS, DIM = 6, 8, 5
 EXACT_STEPS, EXACT_TOLERANCE = 80, 1e-9

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.collectives.cost import (
+from squall.collectives.cost import (
     LinkModel,
     choose_butterfly,
     doubling_time,
     rabenseifner_time,
     ring_time,
 )
-from protocols.collectives.schedule import (
+from squall.collectives.schedule import (
     FoldPlan,
     block_range,
     chunk_ranges,

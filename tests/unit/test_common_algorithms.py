@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protocols.allreduce.sgd import collective_reducer
-from protocols.catalog import make_algorithm
-from protocols.common.algorithms.reduce import AllReduceSGD, LocalSGD
-from protocols.common.loop import LoopConfig
-from protocols.common.optim import LrSchedule, Sgd, SgdConfig
-from protocols.common.tasks import LeastSquares, make_task
-from protocols.gossip.matchings import matcha_mixer
-from protocols.gossip.sgd import GossipSGD, graph_mixer
-from protocols.ps.sgd import ParameterServerSGD
-from protocols.sgp.sgd import PushSumSGD
-from protocols.transport import inproc_mesh
+from squall.gossip.matchings import matcha_mixer
+from squall.gossip.sgd import GossipSGD, graph_mixer
+from squall.protocols.allreduce.sgd import collective_reducer
+from squall.protocols.catalog import make_algorithm
+from squall.protocols.ps.sgd import ParameterServerSGD
+from squall.protocols.sgp.sgd import PushSumSGD
+from squall.training.algorithms.reduce import AllReduceSGD, LocalSGD
+from squall.training.loop import LoopConfig
+from squall.training.optim import LrSchedule, Sgd, SgdConfig
+from squall.training.tasks import LeastSquares, make_task
+from squall.transport import inproc_mesh
 from tests.unit.test_common_loop import exact_reducer, run_ranks
 
 QUADRATIC_FULL_BATCH = 128  # every rank's whole shard (512 rows / 4 ranks)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from protocols.common.config import run_config
-from protocols.job import JobContext, JobSpec, MetricsWriter
-from protocols.registry import resolve
-from protocols.train import train
+from squall.job import JobContext, JobSpec, MetricsWriter
+from squall.protocols.train import train
+from squall.training.config import run_config
+from squall.worker.registry import resolve
 
 CLOCK_SLACK_S = 1e-5  # records round times to microseconds; asyncio may wake one clock tick early
 PEERS = tuple(f"127.0.0.{i + 1}" for i in range(4))  # every 127/8 address is loopback on Linux
@@ -149,7 +149,7 @@ def _run_processes(tmp_path: Path, entry: str, config: dict[str, Any]) -> list[d
         path.write_text(json.dumps(spec.to_json()))
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "protocols.worker", str(path)],
+                [sys.executable, "-m", "squall.worker.process", str(path)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import torch
 
-from protocols.common.algorithms import LocalOnly
-from protocols.common.algorithms.base import Algorithm, Reducer
-from protocols.common.algorithms.reduce import AllReduceSGD, LocalSGD
-from protocols.common.device import DeviceModel
-from protocols.common.loop import LoopConfig, Target, TrainResult, train
-from protocols.common.optim import LrSchedule, Sgd, SgdConfig
-from protocols.common.tasks import LeastSquares, Task, make_task
-from protocols.common.vote import TransportVote
-from protocols.transport import Transport, inproc_mesh
-from protocols.wire import Message
+from squall.training.algorithms import LocalOnly
+from squall.training.algorithms.base import Algorithm, Reducer
+from squall.training.algorithms.reduce import AllReduceSGD, LocalSGD
+from squall.training.device import DeviceModel
+from squall.training.loop import LoopConfig, Target, TrainResult, train
+from squall.training.optim import LrSchedule, Sgd, SgdConfig
+from squall.training.tasks import LeastSquares, Task, make_task
+from squall.training.vote import TransportVote
+from squall.transport import Transport, inproc_mesh
+from squall.wire import Message
 
 EXACT_TAG = 0xE8AC7
 STEP_FIELDS = {
@@ -169,8 +169,8 @@ def test_records_have_every_field_and_projections_agree_exactly_when_params_do()
 
 
 def test_records_feed_the_harness_trace_and_show_drift_only_without_averaging() -> None:
-    from harness.checks.drift import drift_series
-    from harness.trace import build_trace
+    from squall.checks.drift import drift_series
+    from squall.trace import build_trace
 
     task = make_task("logreg_digits", sharding="label")
     config = LoopConfig(lr=LrSchedule(0.5), steps=30, eval_every=10)

@@ -1,4 +1,4 @@
-"""Small parts of protocols.common: optimiser, schedules, device model, fingerprint, vote, job config."""
+"""Small parts of squall.training: optimiser, schedules, device model, fingerprint, vote, job config."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from harness.profiles.model import DeviceSpec
-from protocols.common.config import RunConfig
-from protocols.common.device import KEYS as DEVICE_KEYS
-from protocols.common.device import DeviceModel
-from protocols.common.fingerprint import MAX_PROJECTED, Projector, param_hash
-from protocols.common.optim import LrSchedule, Sgd, SgdConfig
-from protocols.common.vote import TransportVote
-from protocols.transport import inproc_mesh
+from squall.profiles.model import DeviceSpec
+from squall.training.config import RunConfig
+from squall.training.device import KEYS as DEVICE_KEYS
+from squall.training.device import DeviceModel
+from squall.training.fingerprint import MAX_PROJECTED, Projector, param_hash
+from squall.training.optim import LrSchedule, Sgd, SgdConfig
+from squall.training.vote import TransportVote
+from squall.transport import inproc_mesh
 
 
 def test_sgd_matches_torch_optim_sgd() -> None:

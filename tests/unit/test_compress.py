@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocols.common.compress import COMPRESSORS, SCHEMAS, Compressor, DenseFloat32, Guarantees, LatticeCompressor
-from protocols.common.compress.lattice import radius
-from protocols.wire import Message, compressed_from_message, compressed_message, pack_compressed, unpack_compressed
+from squall.training.compress import COMPRESSORS, SCHEMAS, Compressor, DenseFloat32, Guarantees, LatticeCompressor
+from squall.training.compress.lattice import radius
+from squall.wire import Message, compressed_from_message, compressed_message, pack_compressed, unpack_compressed
 
 #: Lattice spacing of the round trips; references lie within INSIDE x radius of the vector.
 EPS = 0.01

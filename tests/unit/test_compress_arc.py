@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.arc_topk.sgd import ArcConfig, arc_aggregate, arc_bytes_per_rank
-from protocols.arc_topk.synthetic import Shifted, contraction_trials, shifted_distance
-from protocols.catalog import make_algorithm
-from protocols.collectives import ring_allreduce, run_inproc
-from protocols.common.compress import TopK, arc
-from protocols.common.loop import LoopConfig
-from protocols.common.optim import LrSchedule
-from protocols.common.tasks import make_task
-from protocols.topk.sgd import TopKConfig, topk_aggregate
-from protocols.transport import Transport
+from squall.collectives import ring_allreduce, run_inproc
+from squall.protocols.arc_topk.sgd import ArcConfig, arc_aggregate, arc_bytes_per_rank
+from squall.protocols.arc_topk.synthetic import Shifted, contraction_trials, shifted_distance
+from squall.protocols.catalog import make_algorithm
+from squall.protocols.topk.sgd import TopKConfig, topk_aggregate
+from squall.training.compress import TopK, arc
+from squall.training.loop import LoopConfig
+from squall.training.optim import LrSchedule
+from squall.training.tasks import make_task
+from squall.transport import Transport
 from tests.unit.test_common_loop import run_ranks
 
 WORKERS = 8

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from protocols.common.compress import COMPRESSORS, SCHEMAS, GroupQuant, RandK, TopK
-from protocols.common.compress.feedback import ErrorFeedback, FeedbackConfig, feedback_options
-from protocols.common.compress.quant import FLOAT16_MAX, quantize, round_trip
-from protocols.common.compress.randk import shared_indices, shared_seed
-from protocols.common.compress.topk import count_for
-from protocols.wire import ParamKind, WireError, pack_compressed, unpack_compressed
-from protocols.wire.compressed import pack_fields
+from squall.training.compress import COMPRESSORS, SCHEMAS, GroupQuant, RandK, TopK
+from squall.training.compress.feedback import ErrorFeedback, FeedbackConfig, feedback_options
+from squall.training.compress.quant import FLOAT16_MAX, quantize, round_trip
+from squall.training.compress.randk import shared_indices, shared_seed
+from squall.training.compress.topk import count_for
+from squall.wire import ParamKind, WireError, pack_compressed, unpack_compressed
+from squall.wire.compressed import pack_fields
 
 finite = st.floats(-1e4, 1e4, allow_nan=False, width=32)
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from protocols.common.compress.lattice import (
+from squall.training.compress.lattice import (
     decode,
     decode_point,
     encode,

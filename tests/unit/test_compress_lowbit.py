@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.collectives import CollectiveError, run_inproc
-from protocols.collectives.allgather import payload_message
-from protocols.collectives.lowbit import (
+from squall.collectives import CollectiveError, run_inproc
+from squall.collectives.allgather import payload_message
+from squall.collectives.lowbit import (
     GATHER_TAG,
     SCATTER_TAG,
     lowbit_bytes_per_rank,
@@ -18,11 +18,11 @@ from protocols.collectives.lowbit import (
     requant_ring_allreduce,
     two_step_allreduce,
 )
-from protocols.common.compress.quant import SCHEMA, quantize, to_payload
-from protocols.lowbit.accuracy import relative_error
-from protocols.lowbit.sgd import RING, TWO_STEP
-from protocols.transport import Transport
-from protocols.wire import Message
+from squall.protocols.lowbit.accuracy import relative_error
+from squall.protocols.lowbit.sgd import RING, TWO_STEP
+from squall.training.compress.quant import SCHEMA, quantize, to_payload
+from squall.transport import Transport
+from squall.wire import Message
 
 HEADER = 48 + 16
 

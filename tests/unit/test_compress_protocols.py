@@ -11,21 +11,21 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.arc_topk.sgd import NAME as ARC
-from protocols.catalog import lookup, make_algorithm
-from protocols.collectives import run_inproc
-from protocols.collectives.compressed_bench import ALGORITHMS, CompressedBenchConfig, calls
-from protocols.collectives.lowbit import lowbit_bytes_per_rank
-from protocols.common.compress import RandK, TopK
-from protocols.common.loop import train
-from protocols.common.optim import LrSchedule, Sgd
-from protocols.common.run import LoopConfig
-from protocols.common.tasks import make_task
-from protocols.common.vote import TransportVote
-from protocols.lowbit.sgd import RING, TWO_STEP
-from protocols.randk.sgd import NAME as RANDK
-from protocols.topk.sgd import NAME as TOPK
-from protocols.transport import Transport, inproc_mesh
+from squall.bench.compressed import ALGORITHMS, CompressedBenchConfig, calls
+from squall.collectives import run_inproc
+from squall.collectives.lowbit import lowbit_bytes_per_rank
+from squall.protocols.arc_topk.sgd import NAME as ARC
+from squall.protocols.catalog import lookup, make_algorithm
+from squall.protocols.lowbit.sgd import RING, TWO_STEP
+from squall.protocols.randk.sgd import NAME as RANDK
+from squall.protocols.topk.sgd import NAME as TOPK
+from squall.training.compress import RandK, TopK
+from squall.training.loop import train
+from squall.training.optim import LrSchedule, Sgd
+from squall.training.run import LoopConfig
+from squall.training.tasks import make_task
+from squall.training.vote import TransportVote
+from squall.transport import Transport, inproc_mesh
 
 N = 4
 ROWS, COLS = 64, 32

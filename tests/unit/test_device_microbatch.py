@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from harness.profiles import load_profile
-from protocols.common.device import (
+from squall.profiles import load_profile
+from squall.training.device import (
     DROPCOMPUTE_LOGNORMAL,
     MAX_DELAY_FACTOR,
     PAPER_DELAY_SCALE,

@@ -1,4 +1,4 @@
-"""``squall doctor`` (harness/cli_doctor.py) and the kernel feature probe (harness/shaping/features.py).
+"""``squall doctor`` (squall/cli/doctor.py) and the kernel feature probe (squall/shaping/features.py).
 
 The verdict is pure and tested on written facts. The probe runs for real on this kernel and must
 leave nothing: the host's links, iptables rules and named namespaces are the same before and after.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.cli_doctor import (
+from squall.cli.doctor import (
     LOCAL,
     NO_ENGINE,
     REFUSED,
@@ -28,8 +28,8 @@ from harness.cli_doctor import (
     render,
     to_json,
 )
-from harness.shaping.features import USES, Feature, kernel_features
-from harness.shaping.probe import netem_probe
+from squall.shaping.features import USES, Feature, kernel_features
+from squall.shaping.kernel_probe import netem_probe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +139,7 @@ def test_a_probe_leak_would_show() -> None:
 
 
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "doctor", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "squall.cli.main", "doctor", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -17,19 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.catalog import lookup
-from protocols.common.optim import LrSchedule
-from protocols.common.run import LoopConfig, TrainResult
-from protocols.common.tasks import make_task
-from protocols.common.tasks.base import Batch, Task
-from protocols.common.vote import TransportVote
-from protocols.dropcompute.abort import ABORT_TAG, MAX_REASON, AbortNotice, blame, decode_notice, encode_notice
-from protocols.dropcompute.options import MIN_DROP_STEP, DropComputeOptions
-from protocols.dropcompute.protocol import BASELINE, NAME
-from protocols.dropcompute.threshold import best_threshold, candidates, cut, estimate
-from protocols.dropcompute.trainer import DropComputeError, DropComputeTrainer, normalise
-from protocols.transport import inproc_mesh
-from protocols.wire import Message, decode_frame, encode_message
+from squall.protocols.catalog import lookup
+from squall.protocols.dropcompute.abort import ABORT_TAG, MAX_REASON, AbortNotice, blame, decode_notice, encode_notice
+from squall.protocols.dropcompute.options import MIN_DROP_STEP, DropComputeOptions
+from squall.protocols.dropcompute.protocol import BASELINE, NAME
+from squall.protocols.dropcompute.threshold import best_threshold, candidates, cut, estimate
+from squall.protocols.dropcompute.trainer import DropComputeError, DropComputeTrainer, normalise
+from squall.training.optim import LrSchedule
+from squall.training.run import LoopConfig, TrainResult
+from squall.training.tasks import make_task
+from squall.training.tasks.base import Batch, Task
+from squall.training.vote import TransportVote
+from squall.transport import inproc_mesh
+from squall.wire import Message, decode_frame, encode_message
 
 DIM = 3
 

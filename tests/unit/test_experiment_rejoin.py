@@ -1,13 +1,13 @@
-"""A restarted node's runs of a job, joined in order (harness.experiment.incarnations), and which
+"""A restarted node's runs of a job, joined in order (squall.experiment.lab.incarnations), and which
 protocols are given their job back after a restart."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.cluster.jobs import JobResult
-from harness.experiment import incarnations
-from protocols.catalog import PROTOCOLS
+from squall.cluster.jobs import JobResult
+from squall.experiment.lab import incarnations
+from squall.protocols.catalog import PROTOCOLS
 
 
 def _result(node: int, job: str, state: str, tmp: Path) -> JobResult:

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.cluster.gc import leftover_is_stale
-from harness.shaping import leftovers
+from squall.cluster.gc import leftover_is_stale
+from squall.shaping import leftovers
 
 
 @pytest.fixture
@@ -35,10 +35,10 @@ def test_the_run_id_is_read_from_the_work_directory_name(name: str, run: str | N
 
 
 @pytest.mark.parametrize(("cmdline", "workdir"), [
-    (["python3", "-m", "harness.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-r1-x/config.json",
+    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-r1-x/config.json",
       "--ready-fd", "5"], "/tmp/squall-nfq-r1-x"),
-    (["python3", "-m", "harness.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-abc.json"], None),  # untagged
-    (["python3", "-m", "harness.shaping.nfqueue.daemon", "--config"], None),
+    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-abc.json"], None),  # untagged
+    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config"], None),
     (["python3", "-m", "something.else", "--config", "/tmp/squall-nfq-r1-x/config.json"], None),
     ([], None),
 ])

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.collectives import run_inproc
-from protocols.gossip import (
+from squall.collectives import run_inproc
+from squall.gossip import (
     ExponentialSchedule,
     Graph,
     MixingRow,
@@ -29,7 +29,7 @@ from protocols.gossip import (
     spectral_gap,
     torus_graph,
 )
-from protocols.transport import Transport
+from squall.transport import Transport
 
 GRAPHS = {
     "ring-2": ring_graph(2),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import image
-from harness.cluster.errors import ImageError
+from squall.cluster import image
+from squall.cluster.errors import ImageError
 
 DEB822 = """Types: deb
 URIs: http://mirror-a.invalid/debian

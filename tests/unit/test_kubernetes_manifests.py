@@ -1,4 +1,4 @@
-"""The Kubernetes manifests squall renders (harness/cluster/kubernetes.py, ``squall kube render``).
+"""The Kubernetes manifests squall renders (squall/cluster/kubernetes.py, ``squall kube render``).
 
 No Kubernetes server can run here, so these check what can be checked on paper: the objects, their
 labels, who is privileged, the Indexed Job's counts, ownership and TTL, the selectors that must
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.cli import main
-from harness.cluster.errors import ClusterSpecError
-from harness.cluster.kubernetes import AGENT_MODULE, KubeInputs, KubeSpecError, render, to_yaml
+from squall.cli.main import main
+from squall.cluster.errors import ClusterSpecError
+from squall.cluster.kubernetes import AGENT_MODULE, KubeInputs, KubeSpecError, render, to_yaml
 
 TOKEN = "t" * 40
 

@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from harness.calibration.runner import rate_only, unlimited
-from harness.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
-from harness.profiles.errors import Origin
-from harness.profiles.links import parse_link_section
-from harness.profiles.model import Distribution
-from harness.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS, Carrier, calm, refusals
-from harness.shaping import ops
-from harness.shaping.base import BACKENDS, Endpoint, LinkState, ShapingError
-from harness.shaping.convert import DAEMON_PARAMS, NETEM_ATTRS, link_params, netem_qdisc
-from harness.shaping.nfqueue import config as daemon_config
-from harness.shaping.plan import PLANNERS
+from squall.calibration.runner import rate_only, unlimited
+from squall.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
+from squall.profiles.errors import Origin
+from squall.profiles.links import parse_link_section
+from squall.profiles.model import Distribution
+from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS, Carrier, calm, refusals
+from squall.shaping import ops
+from squall.shaping.base import BACKENDS, Endpoint, LinkState, ShapingError
+from squall.shaping.convert import DAEMON_PARAMS, NETEM_ATTRS, link_params, netem_qdisc
+from squall.shaping.nfqueue import config as daemon_config
+from squall.shaping.plan import PLANNERS
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(2)]
 PLAN_TYPES = {cls.__name__: cls for cls in (ops.Netem, ops.Pfifo, ops.ClassOp, ops.RuleOp, daemon_config.LinkParams)}
@@ -71,7 +71,7 @@ def _plan_attrs(backend: str, spec: LinkSpec) -> dict[str, list[str]]:
 
 def test_the_table_covers_every_linkspec_field_once() -> None:
     fields = [f.name for f in dataclasses.fields(LinkSpec)]
-    assert sorted(BY_FIELD) == sorted(fields), "add a row to harness/profiles/settings.py for each LinkSpec field"
+    assert sorted(BY_FIELD) == sorted(fields), "add a row to squall/profiles/settings.py for each LinkSpec field"
     assert len(SETTINGS) == len(fields) and len(LINK_KEYS) == len(set(LINK_KEYS)) == len(fields)
 
 

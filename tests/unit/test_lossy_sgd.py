@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.catalog import lookup
-from protocols.lossy_sgd.estimator import own_weight, reconstruct, trial_estimates, zero_fill_factor
-from protocols.lossy_sgd.inbox import Inbox
-from protocols.lossy_sgd.options import LossyOptions
-from protocols.lossy_sgd.packets import Layout, Packet, Phase, datagram_bytes, encode_packets
-from protocols.lossy_sgd.protocol import NAME, NORESYNC
-from protocols.wire import HEADER_SIZE, MTU_DATAGRAM
+from squall.protocols.catalog import lookup
+from squall.protocols.lossy_sgd.estimator import own_weight, reconstruct, trial_estimates, zero_fill_factor
+from squall.protocols.lossy_sgd.inbox import Inbox
+from squall.protocols.lossy_sgd.options import LossyOptions
+from squall.protocols.lossy_sgd.packets import Layout, Packet, Phase, datagram_bytes, encode_packets
+from squall.protocols.lossy_sgd.protocol import NAME, NORESYNC
+from squall.wire import HEADER_SIZE, MTU_DATAGRAM
 
 N, P, TRIALS = 8, 0.1, 10_000
 

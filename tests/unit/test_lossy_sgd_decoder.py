@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.lossy_sgd.inbox import DROP_REASONS, Inbox
-from protocols.lossy_sgd.link import LossyLink, bind
-from protocols.lossy_sgd.packets import Layout, Phase, encode_packets, tag_of
-from protocols.wire import Message, encode_message
+from squall.protocols.lossy_sgd.inbox import DROP_REASONS, Inbox
+from squall.protocols.lossy_sgd.link import LossyLink, bind
+from squall.protocols.lossy_sgd.packets import Layout, Phase, encode_packets, tag_of
+from squall.wire import Message, encode_message
 
 WORKERS = 3
 LAYOUT = Layout(12, WORKERS, 4)  # shards of 4 coordinates, one packet each

@@ -1,4 +1,4 @@
-"""The owner-referenced drift checks of harness/checks/drift.py on hand-built traces: the mean drift of an
+"""The owner-referenced drift checks of squall/checks/drift.py on hand-built traces: the mean drift of an
 iteration is the sum of every owner's share, iterations some owner did not report are left out, and
 late/mid growth decides bounded (lossy_sgd) against growing (the no-resync control)."""
 
@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from harness.checks.drift import (
+from squall.checks.drift import (
     analytic_bound,
     drift_growth,
     owner_drift_bounded,
     owner_drift_grows,
     owner_drift_series,
 )
-from harness.trace import RunTrace, StepRecord
+from squall.trace import RunTrace, StepRecord
 
 OWNERS = 4
 
@@ -78,7 +78,7 @@ def test_too_few_points_is_unknown_not_a_pass() -> None:
 
 
 def test_report_plots_owner_drift_only_for_cells_that_have_it() -> None:
-    from harness.report import CellResult, plot_owner_drift
+    from squall.report.page import CellResult, plot_owner_drift
 
     with_drift = CellResult("a", trace({t: 0.001 * t for t in range(0, 50, 5)}))
     without = CellResult("b", RunTrace(protocol="q", profile="lan", workers=2, seed=0, backend="none", records=(

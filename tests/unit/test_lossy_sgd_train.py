@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from protocols.common.config import RunConfig
-from protocols.common.optim import Sgd
-from protocols.common.run import TrainResult
-from protocols.lossy_sgd.inbox import Inbox
-from protocols.lossy_sgd.link import LossyLink, bind
-from protocols.lossy_sgd.options import LossyOptions
-from protocols.lossy_sgd.packets import Layout, datagram_bytes
-from protocols.lossy_sgd.trainer import LossyTrainer
+from squall.protocols.lossy_sgd.inbox import Inbox
+from squall.protocols.lossy_sgd.link import LossyLink, bind
+from squall.protocols.lossy_sgd.options import LossyOptions
+from squall.protocols.lossy_sgd.packets import Layout, datagram_bytes
+from squall.protocols.lossy_sgd.trainer import LossyTrainer
+from squall.training.config import RunConfig
+from squall.training.optim import Sgd
+from squall.training.run import TrainResult
 
 HOST = "127.0.0.1"
 #: no loss: every wait ends when complete, so these only bound a stuck run

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.collectives import run_inproc
-from protocols.gossip import Graph, complete_graph, exponential_graph, ring_graph, torus_graph
-from protocols.gossip.matchings import (
+from squall.collectives import run_inproc
+from squall.gossip import Graph, complete_graph, exponential_graph, ring_graph, torus_graph
+from squall.gossip.matchings import (
     algebraic_connectivity,
     decompose,
     expected_connectivity,
@@ -31,7 +31,7 @@ from protocols.gossip.matchings import (
     plan_matcha,
     project_budget,
 )
-from protocols.transport import Transport
+from squall.transport import Transport
 
 BASE_GRAPHS = {
     "ring-8": ring_graph(8),

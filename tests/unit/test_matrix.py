@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.matrix import Cell, MatrixError, build_matrix, load_matrix, load_matrix_file
+from squall.experiment.matrix import Cell, MatrixError, build_matrix, load_matrix, load_matrix_file
 
 KNOWN = ["ring", "butterfly", "dpsgd"]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from harness.checks import Verdict
-from harness.cli_run import matrix_exit_code
-from harness.report import CellResult, ClaimResult
-from harness.trace import RunTrace
+from squall.checks import Verdict
+from squall.cli.run import matrix_exit_code
+from squall.report.page import CellResult, ClaimResult
+from squall.trace import RunTrace
 
 
 def _cell(*passed: bool | None) -> CellResult:

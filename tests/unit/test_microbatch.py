@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 
-from protocols.common.device import DeviceModel
-from protocols.common.microbatch import accumulate, drop
-from protocols.common.tasks import make_task
+from squall.training.device import DeviceModel
+from squall.training.microbatch import accumulate, drop
+from squall.training.tasks import make_task
 
 
 @pytest.fixture

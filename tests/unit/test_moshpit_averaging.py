@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from protocols.collectives import run_inproc
-from protocols.gossip import gossip_mix, ring_graph
-from protocols.moshpit import (
+from squall.collectives import run_inproc
+from squall.gossip import gossip_mix, ring_graph
+from squall.protocols.moshpit import (
     AllReduceConfig,
     AllReduceOutcome,
     AveragerConfig,
@@ -27,8 +27,8 @@ from protocols.moshpit import (
     MoshpitAverager,
     RoundResult,
 )
-from protocols.moshpit.messages import GroupInfo
-from protocols.transport import InProcHub, Transport
+from squall.protocols.moshpit.messages import GroupInfo
+from squall.transport import InProcHub, Transport
 
 #: In-process timings: fast, yet far above one round's work (about 10 ms, 90 ms for the very first).
 FAST = AveragerConfig(

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.moshpit import messages as msg
-from protocols.moshpit.grid import Grid, candidates, default_cell, free_cell, grid_for, groups_of, leader_of
-from protocols.moshpit.membership import Heartbeat, Membership, everyone_reached
-from protocols.moshpit.options import MoshpitOptions
-from protocols.moshpit.partition import (
+from squall.protocols.moshpit import messages as msg
+from squall.protocols.moshpit.grid import Grid, candidates, default_cell, free_cell, grid_for, groups_of, leader_of
+from squall.protocols.moshpit.membership import Heartbeat, Membership, everyone_reached
+from squall.protocols.moshpit.options import MoshpitOptions
+from squall.protocols.moshpit.partition import (
     balanced_fractions,
     blend,
     blend_into,
@@ -22,7 +22,7 @@ from protocols.moshpit.partition import (
     shard_bounds,
     weighted_mean,
 )
-from protocols.wire import Message
+from squall.wire import Message
 
 EXACT_TOLERANCE = 1e-12
 

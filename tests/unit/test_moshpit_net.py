@@ -7,13 +7,13 @@ import asyncio
 import pytest
 import torch
 
-from protocols.moshpit import AveragerConfig, Grid, MoshpitAverager
-from protocols.moshpit.messages import CONTROL_TAG
-from protocols.transport import InProcHub, PeerUnreachable, TcpPeerNet, TransportTimeout
-from protocols.transport.rejoinable import Inbox
-from protocols.transport.rejoinable_tcp import close_all, local_nets
-from protocols.transport.tcp import bind_listener
-from protocols.wire import Message
+from squall.protocols.moshpit import AveragerConfig, Grid, MoshpitAverager
+from squall.protocols.moshpit.messages import CONTROL_TAG
+from squall.transport import InProcHub, PeerUnreachable, TcpPeerNet, TransportTimeout
+from squall.transport.rejoinable import Inbox
+from squall.transport.rejoinable_tcp import close_all, local_nets
+from squall.transport.tcp import bind_listener
+from squall.wire import Message
 
 
 def same(a: torch.Tensor | None, b: torch.Tensor) -> bool:

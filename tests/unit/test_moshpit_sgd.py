@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from protocols.common.device import DeviceModel
-from protocols.common.loop import LoopConfig, Target
-from protocols.common.optim import LrSchedule, Sgd
-from protocols.common.tasks import make_task
-from protocols.moshpit import MoshpitAverager
-from protocols.moshpit.options import MoshpitOptions
-from protocols.moshpit.sgd import MoshpitTrainer
-from protocols.transport import InProcHub
+from squall.protocols.moshpit import MoshpitAverager
+from squall.protocols.moshpit.options import MoshpitOptions
+from squall.protocols.moshpit.sgd import MoshpitTrainer
+from squall.training.device import DeviceModel
+from squall.training.loop import LoopConfig, Target
+from squall.training.optim import LrSchedule, Sgd
+from squall.training.tasks import make_task
+from squall.transport import InProcHub
 
 OPTIONS = MoshpitOptions(
     group_size=2,

@@ -1,4 +1,4 @@
-"""One host's shaper of several (harness.shaping.base.MultiHostShaper): what ``place`` and
+"""One host's shaper of several (squall.shaping.base.MultiHostShaper): what ``place`` and
 ``replace_elsewhere`` do to the plan, without touching a kernel (an endpoint elsewhere is never
 entered, and nothing here applies a state). The nfqueue shaper's side, which starts its daemon,
 runs in the two-node swarm test (tests/integration/test_swarm_dind.py)."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cluster.swarm.node_agent import IdleShaper, _multi_host
-from harness.shaping.base import Endpoint, LinkState, MultiHostShaper, ShapingError
-from harness.shaping.netem_backend import NetemShaper
-from harness.shaping.nfqueue_backend import NfqueueShaper
+from squall.cluster.swarm.node_agent import IdleShaper, _multi_host
+from squall.shaping.base import Endpoint, LinkState, MultiHostShaper, ShapingError
+from squall.shaping.netem.backend import NetemShaper
+from squall.shaping.nfqueue.backend import NfqueueShaper
 
 HERE = "/proc/self/ns/net"  # any namespace that exists: nothing is entered in these tests
 

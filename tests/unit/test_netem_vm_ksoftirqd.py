@@ -36,7 +36,7 @@ def test_the_guest_suite_refuses_to_load_in_a_host_session() -> None:
 
     import pytest
 
-    from harness.calibration import plan
+    from squall.calibration import plan
     from tests.integration import test_shaping_conformance as suite
 
     mixed, rate = suite.MIXED, plan.UDP_RATE_PPS

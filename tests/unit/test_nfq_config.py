@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.shaping.nfqueue.config import (
+from squall.shaping.nfqueue.config import (
     DaemonConfig,
     GilbertElliott,
     LinkParams,
@@ -18,7 +18,7 @@ from harness.shaping.nfqueue.config import (
     config_to_json,
     link_from_dict,
 )
-from harness.shaping.nfqueue.errors import ConfigError
+from squall.shaping.nfqueue.errors import ConfigError
 
 
 def _config() -> DaemonConfig:

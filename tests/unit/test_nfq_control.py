@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from harness.shaping.nfqueue.config import DaemonConfig, LinkParams
-from harness.shaping.nfqueue.control import ControlClient
-from harness.shaping.nfqueue.daemon import Daemon
-from harness.shaping.nfqueue.errors import ConfigError, ControlError
-from harness.shaping.nfqueue.server import ControlServer
+from squall.shaping.nfqueue.config import DaemonConfig, LinkParams
+from squall.shaping.nfqueue.control import ControlClient
+from squall.shaping.nfqueue.daemon import Daemon
+from squall.shaping.nfqueue.errors import ConfigError, ControlError
+from squall.shaping.nfqueue.server import ControlServer
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.profiles import LinkSpec
-from harness.shaping import Endpoint, LinkState, plan_nfqueue
-from harness.shaping.nfqueue import hold_plan
-from harness.shaping.nfqueue.errors import RulesError
-from harness.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
-from harness.shaping.nfqueue_backend import hold_rules, in_containers
+from squall.profiles import LinkSpec
+from squall.shaping import Endpoint, LinkState, plan_nfqueue
+from squall.shaping.nfqueue import hold_plan
+from squall.shaping.nfqueue.backend import hold_rules, in_containers
+from squall.shaping.nfqueue.errors import RulesError
+from squall.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
 
 SAVE = """*mangle
 :PREROUTING ACCEPT [0:0]

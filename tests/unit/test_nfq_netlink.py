@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from harness.shaping.nfqueue.netlink import (
+from squall.shaping.nfqueue.netlink import (
     MSG_CONFIG,
     MSG_PACKET,
     MSG_VERDICT,
@@ -28,8 +28,8 @@ from harness.shaping.nfqueue.netlink import (
     parse_datagram,
     verdict_prefix,
 )
-from harness.shaping.nfqueue.nft_table import NFT_MSG_DELTABLE, delete_table_batch
-from harness.shaping.nfqueue.state import parse_kernel_stats
+from squall.shaping.nfqueue.nft_table import NFT_MSG_DELTABLE, delete_table_batch
+from squall.shaping.nfqueue.state import parse_kernel_stats
 
 
 def _packet(queue: int, pid: int) -> bytes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.shaping.nfqueue import rules
-from harness.shaping.nfqueue.errors import RulesError
-from harness.shaping.nfqueue.rules import SourceRule
+from squall.shaping.nfqueue import rules
+from squall.shaping.nfqueue.errors import RulesError
+from squall.shaping.nfqueue.rules import SourceRule
 
 NS = "/proc/42/ns/net"
 IPT = ["iptables", "-w", "-t", "mangle"]

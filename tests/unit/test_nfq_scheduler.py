@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.shaping.nfqueue.histogram import Histogram
-from harness.shaping.nfqueue.scheduler import NEVER, HeldQueue, Timeline
+from squall.shaping.nfqueue.histogram import Histogram
+from squall.shaping.nfqueue.scheduler import NEVER, HeldQueue, Timeline
 
 
 def test_constant_delay_releases_one_batch() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import select
 import time
 
-from harness.shaping.nfqueue.daemon import now_us
-from harness.shaping.nfqueue.timer import TimerFd
+from squall.shaping.nfqueue.daemon import now_us
+from squall.shaping.nfqueue.timer import TimerFd
 
 
 def _fires_within(timer: TimerFd, seconds: float) -> bool:

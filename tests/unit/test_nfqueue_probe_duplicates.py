@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 
-from harness.shaping.nfqueue.probe import probe
+from squall.shaping.echo_probe import probe
 
 _STAMP = struct.Struct("!Q")
 

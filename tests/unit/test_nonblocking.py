@@ -9,25 +9,25 @@ from typing import Any
 import pytest
 import torch
 
-from protocols.common.config import RunConfig
-from protocols.common.declaration import Declaration
-from protocols.common.microbatch import accumulate
-from protocols.common.optim import Sgd
-from protocols.common.run import TrainResult
-from protocols.common.tasks import make_task
-from protocols.common.tasks.base import Batch, SupervisedTask
-from protocols.gossip.graphs import build_graph, mixing_matrix
-from protocols.gossip.matchings import matcha_mixer
-from protocols.gossip.sgd import GossipSGD
-from protocols.nonblocking.job import trainer_for
-from protocols.nonblocking.ledger import SampleLedger
-from protocols.nonblocking.options import NonblockingOptions
-from protocols.nonblocking.protocol import DECLARATIONS, DPSGD, GRAPH_MIXER, MATCHA, MATCHA_MIXER, NAMES, RING
-from protocols.nonblocking.signals import SIGNAL_TAG, FinishSignals
-from protocols.nonblocking.sync import RingSync, build_gossip_sync
-from protocols.nonblocking.trainer import NonBlockingTrainer
-from protocols.transport import PeerFailed, Transport, TransportError, inproc_mesh
-from protocols.wire import Message
+from squall.gossip.graphs import build_graph, mixing_matrix
+from squall.gossip.matchings import matcha_mixer
+from squall.gossip.sgd import GossipSGD
+from squall.protocols.nonblocking.job import trainer_for
+from squall.protocols.nonblocking.ledger import SampleLedger
+from squall.protocols.nonblocking.options import NonblockingOptions
+from squall.protocols.nonblocking.protocol import DECLARATIONS, DPSGD, GRAPH_MIXER, MATCHA, MATCHA_MIXER, NAMES, RING
+from squall.protocols.nonblocking.signals import SIGNAL_TAG, FinishSignals
+from squall.protocols.nonblocking.sync import RingSync, build_gossip_sync
+from squall.protocols.nonblocking.trainer import NonBlockingTrainer
+from squall.training.config import RunConfig
+from squall.training.declaration import Declaration
+from squall.training.microbatch import accumulate
+from squall.training.optim import Sgd
+from squall.training.run import TrainResult
+from squall.training.tasks import make_task
+from squall.training.tasks.base import Batch, SupervisedTask
+from squall.transport import PeerFailed, Transport, TransportError, inproc_mesh
+from squall.wire import Message
 
 LR = 0.25
 DIM = 5
@@ -124,8 +124,8 @@ def test_gossip_sync_with_the_matcha_mixer_matches_matcha_itself() -> None:
 
 def test_a_missing_mixer_is_refused_with_its_reference() -> None:
     (t,) = inproc_mesh(1)
-    with pytest.raises(ValueError, match=r"protocols\.gossip\.sgd:no_such_mixer"):
-        build_gossip_sync(t, Sgd(), "protocols.gossip.sgd:no_such_mixer", {})
+    with pytest.raises(ValueError, match=r"squall\.gossip\.sgd:no_such_mixer"):
+        build_gossip_sync(t, Sgd(), "squall.gossip.sgd:no_such_mixer", {})
     with pytest.raises(ValueError, match="mixer_args"):
         build_gossip_sync(t, Sgd(), GRAPH_MIXER, {"colour": "red"})
 

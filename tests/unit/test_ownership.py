@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.cluster.ownership import Owner, new_run_id, read_owner, write_owner
+from squall.cluster.ownership import Owner, new_run_id, read_owner, write_owner
 
 
 def test_run_ids_are_short_and_distinct() -> None:

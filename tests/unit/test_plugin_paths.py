@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import harness.matrix  # noqa: F401 - see below
-from protocols.catalog import discover
+import squall.experiment.matrix  # noqa: F401 - see below
+from squall.protocols.catalog import discover
 
 pytest_plugins = ["pytester"]
 
@@ -190,8 +190,8 @@ def test_a_shipped_matrix_is_named_and_a_missing_one_lists_them(pytester: pytest
 
 
 def test_a_matrix_files_run_section_sets_the_cells_runs_under_the_marker() -> None:
-    from harness.matrix import Cell
-    from harness.pytest_plugin import _spec_from
+    from squall.experiment.matrix import Cell
+    from squall.pytest_plugin import _spec_from
 
     class Session:
         matrix_run: dict[str, object] = {"seconds": 7, "target": {"accuracy": 0.8}, "config": {"eval_every": 5}}

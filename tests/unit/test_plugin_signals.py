@@ -19,7 +19,7 @@ SUITE = '''
 import time
 import pytest
 
-from harness.cluster import lifecycle
+from squall.cluster import lifecycle
 
 
 class Held:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from harness.profiles import ChurnEvent, ChurnKind, Profile, parse_profile
+from squall.profiles import ChurnEvent, ChurnKind, Profile, parse_profile
 
 HEAD = "name: t\ndescription: a test profile\n"
 K = ChurnKind

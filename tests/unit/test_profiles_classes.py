@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from harness.profiles import load_profile
-from harness.profiles.loader import parse_profile
-from harness.profiles.profile import Profile
+from squall.profiles import load_profile
+from squall.profiles.loader import parse_profile
+from squall.profiles.profile import Profile
 
 SHIPPED = ["heterogeneous", "geo-2-regions", "one-slow-20ms", "flaky-links", "stragglers", "preemptible", "lan"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli_profiles import add_subparser, main
-from harness.profiles import PROFILE_DIR
+from squall.cli.profiles import add_subparser, main
+from squall.profiles import PROFILE_DIR
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from harness.profiles import DeviceSpec, Profile, ProfileError, parse_profile
-from protocols.common.device import DeviceModel
+from squall.profiles import DeviceSpec, Profile, ProfileError, parse_profile
+from squall.training.device import DeviceModel
 
 HEAD = "name: t\ndescription: a test profile\n"
 
@@ -148,8 +148,8 @@ def test_microbatch_noise_reaches_the_model() -> None:
 
 def test_microbatch_constants_match_the_device_model() -> None:
     """The profiles layer may not import protocols/, so it repeats the names and the bound: keep them equal."""
-    from harness.profiles import devices
-    from protocols.common import device
+    from squall.profiles import devices
+    from squall.training import device
 
     assert devices.MICROBATCH_DISTRIBUTIONS == device.MICROBATCH_NOISES
     assert devices.MAX_DELAY_FACTOR == device.MAX_DELAY_FACTOR
@@ -246,7 +246,7 @@ def test_microbatch_noise_on_a_node_entry_alone_is_a_setting() -> None:
 
 
 def test_profiles_show_prints_the_micro_batch_columns(capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.cli_profiles import main
+    from squall.cli.profiles import main
 
     assert main(["profiles", "show", "stragglers-lognormal", "--workers", "2"]) == 0
     lines = capsys.readouterr().out.split("devices:\n", 1)[1].splitlines()

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from harness.profiles import (
+from squall.profiles import (
     Chance,
     Distribution,
     GilbertElliott,

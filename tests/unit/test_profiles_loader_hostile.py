@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.profiles import ProfileError, load_profile, parse_profile
-from harness.profiles.safe_yaml import BASE_LOADER, MAX_FILE_BYTES, MAX_NODES
+from squall.profiles import ProfileError, load_profile, parse_profile
+from squall.profiles.safe_yaml import BASE_LOADER, MAX_FILE_BYTES, MAX_NODES
 
 GOOD = "name: tiny\ndescription: two nodes on a clean link\nlinks:\n  default: {delay: 1ms}\n"
 SHORT_MESSAGE = 400  # characters: a message a person reads in one go

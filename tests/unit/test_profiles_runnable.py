@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli_profiles import VALIDATE_WORKERS, main
-from harness.cluster import ClusterSpec, ClusterSpecError
-from harness.profiles import PROFILE_DIR, LinkSpec, Profile, ProfileError, load_profile, parse_profile
-from harness.profiles.bounds import (
+from squall.cli.profiles import VALIDATE_WORKERS, main
+from squall.cluster import ClusterSpec, ClusterSpecError
+from squall.profiles import PROFILE_DIR, LinkSpec, Profile, ProfileError, load_profile, parse_profile
+from squall.profiles.bounds import (
     MAX_DELAY_US,
     MAX_JITTER_US,
     MAX_LIMIT_PACKETS,
@@ -21,10 +21,10 @@ from harness.profiles.bounds import (
     MAX_WORKERS,
     MIN_RATE_BPS,
 )
-from harness.profiles.churn import MAX_CHURN_DRAWS, likely_most
-from harness.profiles.model import Jitter
-from harness.profiles.settings import out_of_bounds
-from harness.shaping.convert import UNLIMITED_BPS
+from squall.profiles.churn import MAX_CHURN_DRAWS, likely_most
+from squall.profiles.model import Jitter
+from squall.profiles.settings import out_of_bounds
+from squall.shaping.convert import UNLIMITED_BPS
 
 HEAD = "name: t\ndescription: a test profile\n"
 FAST_CHURN = "churn: {random: [{kind: kill, rate: 1/1us, downtime: 1s, seed: 1}]}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.profiles import (
+from squall.profiles import (
     PATH_ENV,
     PROFILE_DIR,
     ChurnKind,

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from harness.profiles import Profile, ProfileError, parse_profile
+from squall.profiles import Profile, ProfileError, parse_profile
 
 HEAD = "name: t\ndescription: a test profile\n"
 

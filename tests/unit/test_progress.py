@@ -1,4 +1,4 @@
-"""Live progress (harness/progress.py), the summary of ``squall run`` and the CLI's stop signals, in process."""
+"""Live progress (squall/progress.py), the summary of ``squall run`` and the CLI's stop signals, in process."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from harness import cli
-from harness.checks import Target
-from harness.cli_run import format_summary, run_summary
-from harness.progress import (
+from squall.checks import Target
+from squall.cli import main as cli
+from squall.cli.run import format_summary, run_summary
+from squall.progress import (
     ERASE_LINE,
     Display,
     JobWatch,
@@ -31,7 +31,7 @@ from harness.progress import (
     eta_s,
     training_text,
 )
-from harness.trace import RunTrace, StepRecord
+from squall.trace import RunTrace, StepRecord
 
 
 class FakeClock:

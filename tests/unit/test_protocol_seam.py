@@ -2,8 +2,8 @@
 
 The rule: the literal name of a protocol (``"moshpit"``, ``"swarm"``, ``"matcha"`` ...), or of a
 job a protocol folder declares (``"moshpit_average"``), is a string constant in no Python file
-under ``protocols/``, ``harness/`` or ``benchmarks/`` outside the folder that declares it. Other
-code imports the folder's constant (``from protocols.moshpit.protocol import NAME``) or asks the
+under ``squall/`` or ``benchmarks/`` outside the folder that declares it. Other
+code imports the folder's constant (``from squall.protocols.moshpit.protocol import NAME``) or asks the
 catalog. Tests, ``claims.yaml`` and ``matrices/`` name protocols freely: they are the users.
 
 Names that are also ordinary words of another vocabulary cannot be told apart by looking at a
@@ -24,27 +24,27 @@ from pathlib import Path
 import pytest
 import torch.distributed
 
-from protocols.allreduce.sgd import COLLECTIVES
-from protocols.catalog import scan
-from protocols.common.declaration import Declaration, JobDeclaration
-from protocols.gossip.graphs import TOPOLOGIES
-from protocols.jobs.allreduce_bench import CHECKS
+from squall.bench.allreduce import CHECKS
+from squall.gossip.graphs import TOPOLOGIES
+from squall.protocols.allreduce.sgd import COLLECTIVES
+from squall.protocols.catalog import scan
+from squall.training.declaration import Declaration, JobDeclaration
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKED_ROOTS = ("protocols", "harness", "benchmarks")
+CHECKED_ROOTS = ("squall", "benchmarks")
 
 #: Declared names that are also words of another vocabulary, and that other meaning.
 GENERIC: dict[str, str] = {
-    "ring": "a gossip topology (protocols.gossip.graphs.TOPOLOGIES, swarm's graphs) and a collective "
-            "(protocols.allreduce.COLLECTIVES, the collectives' benchmark)",
-    "butterfly": "a collective (protocols.allreduce.COLLECTIVES, the collectives' benchmark)",
+    "ring": "a gossip topology (squall.gossip.graphs.TOPOLOGIES, swarm's graphs) and a collective "
+            "(squall.protocols.allreduce.COLLECTIVES, the collectives' benchmark)",
+    "butterfly": "a collective (squall.protocols.allreduce.COLLECTIVES, the collectives' benchmark)",
     "gloo": "torch.distributed's backend name (init_process_group('gloo'), the benchmarks' contender)",
-    "ps": "the parameter-server step in the collectives' exactness check (protocols.jobs.allreduce_bench.CHECKS)",
+    "ps": "the parameter-server step in the collectives' exactness check (squall.bench.allreduce.CHECKS)",
 }
 
 #: (file, name) pairs that break the rule today, and why they may.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("protocols/common/algorithms/reduce.py", "local_sgd"): "LocalSGD is shared (our collectives and gloo reduce "
+    ("squall/training/algorithms/reduce.py", "local_sgd"): "LocalSGD is shared (our collectives and gloo reduce "
     "with it), so it lives in the common layer; its algorithm name is the one the local_sgd protocol shares",
 }
 
@@ -52,7 +52,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 def owners() -> dict[str, Path]:
     """Each declared protocol and protocol job name -> the folder that declares it."""
     out: dict[str, Path] = {}
-    for source, declarations in scan("protocols"):
+    for source, declarations in scan("squall.protocols"):
         folder = Path(*source.split(".")[:-1])
         for d in declarations:
             if isinstance(d, Declaration | JobDeclaration):
@@ -105,12 +105,13 @@ def test_the_check_sees_a_misplaced_name_and_spares_its_own_folder(tmp_path: Pat
     code = tmp_path / "code.py"
     code.write_text('"""Doc."""\nPROTOCOL = "moshpit"\nTOPOLOGY = "ring"\nJOB = {"entry": "moshpit_average"}\n')
     checked = checked_names()
-    assert violations([(Path("harness/x.py"), code)], checked) == [
-        "harness/x.py:2: 'moshpit' belongs to protocols/moshpit/ (import its constant there)",
-        "harness/x.py:4: 'moshpit_average' belongs to protocols/moshpit/ (import its constant there)",
+    assert violations([(Path("squall/report/x.py"), code)], checked) == [
+        "squall/report/x.py:2: 'moshpit' belongs to squall/protocols/moshpit/ (import its constant there)",
+        "squall/report/x.py:4: 'moshpit_average' belongs to squall/protocols/moshpit/ (import its constant there)",
     ]
-    assert violations([(Path("protocols/moshpit/x.py"), code)], checked) == []
-    assert violations([(Path("protocols/swarm/x.py"), code)], checked)[0].startswith("protocols/swarm/x.py:2:")
+    assert violations([(Path("squall/protocols/moshpit/x.py"), code)], checked) == []
+    found = violations([(Path("squall/protocols/swarm/x.py"), code)], checked)
+    assert found[0].startswith("squall/protocols/swarm/x.py:2:")
 
 
 # -- adding a protocol is one folder -----------------------------------------------------------------
@@ -120,8 +121,8 @@ FOLDER_PROTOCOL = textwrap.dedent('''
 
     from typing import Any
 
-    from protocols.common.algorithms.base import LocalOnly
-    from protocols.common.declaration import AlgorithmDeclaration, Declaration, JobDeclaration
+    from squall.training.algorithms.base import LocalOnly
+    from squall.training.declaration import AlgorithmDeclaration, Declaration, JobDeclaration
 
 
     def build(transport: Any, sgd: Any, options: dict[str, Any]) -> LocalOnly:
@@ -154,7 +155,7 @@ def write_folder(root: Path, package: str) -> None:
 @pytest.fixture
 def fresh_catalog() -> Iterator[None]:
     """The catalog is read again by the test, and again after it (its cache holds no test's view)."""
-    from protocols.catalog import discover
+    from squall.protocols.catalog import discover
 
     discover.cache_clear()
     yield
@@ -174,9 +175,9 @@ def test_one_folder_through_the_entry_point_group_reaches_catalog_registry_and_t
 ) -> None:
     import importlib.metadata
 
-    from protocols.catalog import lookup, make_algorithm, source_of
-    from protocols.registry import resolve
-    from protocols.transport import inproc_mesh
+    from squall.protocols.catalog import lookup, make_algorithm, source_of
+    from squall.transport import inproc_mesh
+    from squall.worker.registry import resolve
 
     write_folder(tmp_path, "seam_ep_pkg")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.collectives import LinkModel, run_inproc
-from protocols.ps import PSLayout, ServerShard, SGDConfig, ps_step, ps_time
-from protocols.transport import Transport
+from squall.collectives import LinkModel, run_inproc
+from squall.protocols.ps import PSLayout, ServerShard, SGDConfig, ps_step, ps_time
+from squall.transport import Transport
 
 
 @given(n=st.integers(1, 12), servers=st.integers(1, 12), dedicated=st.booleans(), numel=st.integers(0, 1000))

@@ -3,7 +3,7 @@
 Each training protocol runs a few steps in process (the lock-step loop that the all-reduce family,
 gossip, PS and MATCHA run; the gloo baseline, which runs that loop over torch.distributed;
 SwarmSGD's driver; Moshpit SGD's loop). Their records must carry the same fields, apart from the
-protocol's own ``stats()`` fields, and :mod:`harness.trace` must read the same values from each.
+protocol's own ``stats()`` fields, and :mod:`squall.trace` must read the same values from each.
 """
 
 from __future__ import annotations
@@ -19,22 +19,22 @@ from typing import Any
 import pytest
 import torch
 
-from harness.trace import RECORD_FIELDS, build_trace, load_jsonl
-from protocols.common.algorithms.base import Algorithm
-from protocols.common.fingerprint import Projector
-from protocols.common.loop import train
-from protocols.common.optim import LrSchedule, Sgd
-from protocols.common.run import LoopConfig, SchemaError, TrainResult, step_record
-from protocols.common.run.records import RESERVED
-from protocols.common.tasks import make_task
-from protocols.common.vote import TransportVote
-from protocols.job import JobContext, JobSpec, MetricsWriter
-from protocols.moshpit import MoshpitAverager
-from protocols.moshpit.options import MoshpitOptions
-from protocols.moshpit.sgd import MoshpitTrainer
-from protocols.swarm import SwarmOptions, SwarmTrainer
-from protocols.transport import InProcHub, Transport, inproc_mesh
-from protocols.wire import Message
+from squall.job import JobContext, JobSpec, MetricsWriter
+from squall.protocols.moshpit import MoshpitAverager
+from squall.protocols.moshpit.options import MoshpitOptions
+from squall.protocols.moshpit.sgd import MoshpitTrainer
+from squall.protocols.swarm import SwarmOptions, SwarmTrainer
+from squall.trace import RECORD_FIELDS, build_trace, load_jsonl
+from squall.training.algorithms.base import Algorithm
+from squall.training.fingerprint import Projector
+from squall.training.loop import train
+from squall.training.optim import LrSchedule, Sgd
+from squall.training.run import LoopConfig, SchemaError, TrainResult, step_record
+from squall.training.run.records import RESERVED
+from squall.training.tasks import make_task
+from squall.training.vote import TransportVote
+from squall.transport import InProcHub, Transport, inproc_mesh
+from squall.wire import Message
 
 STEPS = 8
 EVAL_EVERY = 4
@@ -155,7 +155,7 @@ def moshpit() -> Run:
 
 def gloo(tmp_path: Path) -> Run:
     """The gloo baseline on one process (a world of one: the loop and writer are what is tested)."""
-    from protocols.baselines.gloo import gloo_train
+    from squall.protocols.baselines.gloo import gloo_train
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""A Docker engine on another machine is refused by the local engine (harness/cluster/remote.py).
+"""A Docker engine on another machine is refused by the local engine (squall/cluster/remote.py).
 
 The decision is pure and tested on hand-written facts; the address check asks this kernel (bind);
 the proof by container pid runs against the real local engine with a real container, and a
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from harness.cluster.errors import ClusterError
-from harness.cluster.ownership import LABEL_RUN, Owner, new_run_id, state_root
-from harness.cluster.remote import (
+from squall.cluster.errors import ClusterError
+from squall.cluster.ownership import LABEL_RUN, Owner, new_run_id, state_root
+from squall.cluster.remote import (
     EngineAddress,
     Facts,
     PidFact,
@@ -217,8 +217,8 @@ def test_seen_from_another_pid_namespace_the_real_engine_is_refused(docker_clien
     """The real socket, the real container, but this check runs in a new pid namespace with its own /proc
     (as a harness in a container with the socket mounted would): the engine's pids are not its pids."""
     script = ("import sys\n"
-              "from harness.cluster.engine import docker_client\n"
-              "from harness.cluster.remote import RemoteEngineError, require_local_engine\n"
+              "from squall.cluster.engine import docker_client\n"
+              "from squall.cluster.remote import RemoteEngineError, require_local_engine\n"
               "try:\n"
               f"    require_local_engine(docker_client(), container_ids=[{sleeper.id!r}], environ={{}})\n"
               "except RemoteEngineError as exc:\n"

@@ -6,9 +6,9 @@ import math
 import re
 from pathlib import Path
 
-from harness.checks import Verdict
-from harness.report import CellResult, ClaimResult, Results, load_results, markdown, write_report
-from harness.trace import ChurnMark, RunTrace, StepRecord
+from squall.checks import Verdict
+from squall.report.page import CellResult, ClaimResult, Results, load_results, markdown, write_report
+from squall.trace import ChurnMark, RunTrace, StepRecord
 
 
 def synthetic_trace(protocol: str, profile: str, speed: float) -> RunTrace:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.checks import Target
-from harness.demo import DEMO_MATRIX, summary_text
-from harness.matrix import load_matrix_file
-from harness.profiles import load_profile
-from harness.report_compare import cell_figures, compare
-from protocols.catalog import PROTOCOLS
+from squall.checks import Target
+from squall.cli.demo import DEMO_MATRIX, summary_text
+from squall.experiment.matrix import load_matrix_file
+from squall.profiles import load_profile
+from squall.protocols.catalog import PROTOCOLS
+from squall.report.compare import cell_figures, compare
 from tests.unit.test_report_page import realistic_results
 
 

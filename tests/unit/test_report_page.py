@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import provenance
-from harness.checks import Target, Verdict
-from harness.report import CellResult, Results, html_page, load_results, markdown, write_report
-from harness.report_compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
-from harness.report_network import calibration_rows, describe_profiles, fidelity
-from harness.trace import RunTrace, StepRecord
-from protocols.common.run.records import RESERVED
+from squall.checks import Target, Verdict
+from squall.report import provenance
+from squall.report.compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
+from squall.report.network import calibration_rows, describe_profiles, fidelity
+from squall.report.page import CellResult, Results, html_page, load_results, markdown, write_report
+from squall.trace import RunTrace, StepRecord
+from squall.training.run.records import RESERVED
 
 PROFILES = ("lan", "wan-50ms-100mbit", "lossy-1pct")
 PROTOCOLS = ("ring", "dpsgd", "local_sgd", "randk")
@@ -219,7 +219,7 @@ def test_provenance_is_plain_data() -> None:
     json.dumps(after)  # plain data
     assert "_started" not in after and after["elapsed_s"] >= 0 and len(after["load_after"]) == 3
     assert set(after) >= {"squall_version", "commit", "dirty", "kernel", "python", "cpus", "docker", "load_before"}
-    assert provenance.command_line(["/x/harness/__main__.py", "demo"]) == "python -m harness demo"
+    assert provenance.command_line(["/x/squall/__main__.py", "demo"]) == "python -m squall demo"
 
 
 def test_an_unknown_profile_is_described_not_raised() -> None:

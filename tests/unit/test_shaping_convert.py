@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss
-from harness.profiles.model import Distribution
-from harness.shaping.base import ShapingError
-from harness.shaping.convert import (
+from squall.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss
+from squall.profiles.model import Distribution
+from squall.shaping.base import ShapingError
+from squall.shaping.convert import (
     burst_bytes,
     check_spec,
     delays_in_daemon,
@@ -17,9 +17,9 @@ from harness.shaping.convert import (
     netem_qdisc,
     queue_limit,
 )
-from harness.shaping.nfqueue.config import GilbertElliott as DaemonGE
-from harness.shaping.nfqueue.config import LinkParams
-from harness.shaping.ops import Netem
+from squall.shaping.nfqueue.config import GilbertElliott as DaemonGE
+from squall.shaping.nfqueue.config import LinkParams
+from squall.shaping.ops import Netem
 
 PARAMS = [
     pytest.param(LinkSpec(), LinkParams(), id="perfect"),

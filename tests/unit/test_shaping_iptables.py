@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.shaping.base import ShapingError
-from harness.shaping.iptables import Chains, fill_script, has_chains, present_jumps, remove_script, rule_args
-from harness.shaping.ops import RuleOp
+from squall.shaping.base import ShapingError
+from squall.shaping.iptables import Chains, fill_script, has_chains, present_jumps, remove_script, rule_args
+from squall.shaping.ops import RuleOp
 
 CHAINS = Chains("r1")
 RULES = [

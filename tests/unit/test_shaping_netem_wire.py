@@ -8,12 +8,12 @@ import struct
 
 import pytest
 
-from harness.profiles import Chance, GilbertElliott, LinkSpec
-from harness.shaping import Endpoint, LinkState
-from harness.shaping import netem_wire as w
-from harness.shaping.netem_backend import duplication_by_tee
-from harness.shaping.ops import Netem, QdiscOp, RuleOp
-from harness.shaping.plan import plan_netem
+from squall.profiles import Chance, GilbertElliott, LinkSpec
+from squall.shaping import Endpoint, LinkState
+from squall.shaping.netem import wire as w
+from squall.shaping.netem.backend import duplication_by_tee
+from squall.shaping.ops import Netem, QdiscOp, RuleOp
+from squall.shaping.plan import plan_netem
 
 U = 0xFFFFFFFF
 

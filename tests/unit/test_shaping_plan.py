@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
-from harness.profiles.model import Distribution
-from harness.shaping.base import Endpoint, LinkState, ShapingError
-from harness.shaping.nfqueue.config import LinkParams
-from harness.shaping.ops import (
+from squall.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
+from squall.profiles.model import Distribution
+from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.nfqueue.config import LinkParams
+from squall.shaping.ops import (
     ETH_P_ALL,
     ETH_P_IP,
     INGRESS_HANDLE,
@@ -28,7 +28,7 @@ from harness.shaping.ops import (
     U32Match,
     show_handle,
 )
-from harness.shaping.plan import plan_netem, plan_nfqueue, queue_number
+from squall.shaping.plan import plan_netem, plan_nfqueue, queue_number
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 ADDR = [0x0A090002, 0x0A090003, 0x0A090004]

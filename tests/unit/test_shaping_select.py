@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from harness.shaping import select
-from harness.shaping.base import BACKENDS, Endpoint, ShapingError
-from harness.shaping.probe import ProbeResult
+from squall.shaping import select
+from squall.shaping.base import BACKENDS, Endpoint, ShapingError
+from squall.shaping.kernel_probe import ProbeResult
 
 EPS = [Endpoint(0, "10.0.0.2", "/proc/1/ns/net")]
 
@@ -20,8 +20,8 @@ class Fake:
 
 @pytest.fixture
 def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    import harness.shaping.netem_backend as netem
-    import harness.shaping.nfqueue_backend as nfq
+    import squall.shaping.netem.backend as netem
+    import squall.shaping.nfqueue.backend as nfq
 
     netem_cls = type("NetemFake", (Fake,), {"backend": "netem"})
     nfq_cls = type("NfqFake", (Fake,), {"backend": "nfqueue"})
@@ -43,7 +43,7 @@ def test_default_prefers_netem(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     probe_says(monkeypatch, available)
-    with caplog.at_level("INFO", logger="harness.shaping.select"):
+    with caplog.at_level("INFO", logger="squall.shaping.select"):
         shaper = select.open_shaper(EPS, run_id="r1")
     assert shaper.backend == chosen
     assert f"shaping backend for run r1: {chosen}" in caplog.text

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from harness.profiles import ChurnEvent, ChurnKind, LinkSpec, NodeLinkSpec, Profile, load_profile, parse_profile
-from harness.shaping.state import blocked_after, partition_pairs, state_at
+from squall.profiles import ChurnEvent, ChurnKind, LinkSpec, NodeLinkSpec, Profile, load_profile, parse_profile
+from squall.shaping.state import blocked_after, partition_pairs, state_at
 
 K = ChurnKind
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from harness.profiles import LinkSpec, NodeLinkSpec
-from harness.shaping.base import Endpoint, LinkState
-from harness.shaping.ops import TC_H_INGRESS, TC_H_ROOT, ClassOp, DeviceOp, FilterOp, Netem, QdiscOp
-from harness.shaping.plan import plan_netem, plan_nfqueue
-from harness.shaping.tcdiff import TcStep, diff, teardown
+from squall.profiles import LinkSpec, NodeLinkSpec
+from squall.shaping.base import Endpoint, LinkState
+from squall.shaping.ops import TC_H_INGRESS, TC_H_ROOT, ClassOp, DeviceOp, FilterOp, Netem, QdiscOp
+from squall.shaping.plan import plan_netem, plan_nfqueue
+from squall.shaping.tcdiff import TcStep, diff, teardown
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 

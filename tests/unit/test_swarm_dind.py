@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster.swarm import dind_image
-from harness.cluster.swarm.dind import DindSpec
-from harness.shaping.base import Endpoint
-from harness.shaping.nfqueue import hold
-from harness.shaping.nfqueue.hold_plan import HoldRule, for_receivers
+from squall.cluster.swarm import dind_image
+from squall.cluster.swarm.dind import DindSpec
+from squall.shaping.base import Endpoint
+from squall.shaping.nfqueue import hold
+from squall.shaping.nfqueue.hold_plan import HoldRule, for_receivers
 
 
 @pytest.mark.parametrize(("key", "value", "allowed"), [("nodes", 0, "1 .. 8"), ("nodes", 9, "1 .. 8"),

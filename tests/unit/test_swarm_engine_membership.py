@@ -1,4 +1,4 @@
-"""Joining, initialising and leaving a swarm (harness.cluster.swarm.membership), against a stand-in engine.
+"""Joining, initialising and leaving a swarm (squall.cluster.swarm.membership), against a stand-in engine.
 
 The stand-in records what Squall asks of the engine; the record file is the real one, in a temporary
 directory. What is checked: a swarm Squall finds is never left, one it made is left when the last
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from harness.cluster.errors import ClusterError
-from harness.cluster.ownership import Owner
-from harness.cluster.swarm import membership
+from squall.cluster.errors import ClusterError
+from squall.cluster.ownership import Owner
+from squall.cluster.swarm import membership
 
 
 class _Net:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster.swarm import wire
-from harness.cluster.swarm.cluster import subnet_prefix
-from harness.cluster.swarm.node_agent import cgroup_names
-from harness.profiles import LinkSpec, NodeLinkSpec, load_profile
-from harness.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
-from harness.shaping import state_at
-from harness.shaping.base import Endpoint, LinkState
+from squall.cluster.swarm import wire
+from squall.cluster.swarm.cluster import subnet_prefix
+from squall.cluster.swarm.node_agent import cgroup_names
+from squall.profiles import LinkSpec, NodeLinkSpec, load_profile
+from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
+from squall.shaping import state_at
+from squall.shaping.base import Endpoint, LinkState
 
 
 def test_every_setting_of_a_link_survives_the_round_trip() -> None:

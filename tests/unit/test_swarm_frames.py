@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.common.compress import LatticeCompressor
-from protocols.common.compress.lattice import Encoded, encode, quantize
-from protocols.swarm.averaging import QuantizerConfig, answer, full_precision, increment, offer, receive
-from protocols.swarm.frames import (
+from squall.protocols.swarm.averaging import QuantizerConfig, answer, full_precision, increment, offer, receive
+from squall.protocols.swarm.frames import (
     HEADER,
     Frame,
     FrameError,
@@ -19,10 +17,12 @@ from protocols.swarm.frames import (
     parse_frame,
     to_message,
 )
-from protocols.swarm.options import SwarmOptions
-from protocols.swarm.schedule import choose_partner, local_steps, node_rng, random_regular_graph, swarm_graph
-from protocols.wire import Message, ParamKind, decode_frame, encode_message
-from protocols.wire.compressed import pack_fields
+from squall.protocols.swarm.options import SwarmOptions
+from squall.protocols.swarm.schedule import choose_partner, local_steps, node_rng, random_regular_graph, swarm_graph
+from squall.training.compress import LatticeCompressor
+from squall.training.compress.lattice import Encoded, encode, quantize
+from squall.wire import Message, ParamKind, decode_frame, encode_message
+from squall.wire.compressed import pack_fields
 
 DIM = 650  # logistic regression on digits
 NO_RESERVED = bytes(7)

@@ -11,15 +11,15 @@ from collections.abc import Awaitable, Callable, Sequence
 import numpy as np
 import torch
 
-from protocols.gossip.graphs import complete_graph
-from protocols.swarm.averaging import QuantizerConfig
-from protocols.swarm.frames import SWARM_TAG, Frame, FrameKind, to_message
-from protocols.swarm.node import SwarmNode
-from protocols.swarm.options import SwarmOptions
-from protocols.swarm.schedule import node_rng
-from protocols.transport import InProcTransport, inproc_mesh
-from protocols.transport.inproc import LatencyFn
-from protocols.wire import Message
+from squall.gossip.graphs import complete_graph
+from squall.protocols.swarm.averaging import QuantizerConfig
+from squall.protocols.swarm.frames import SWARM_TAG, Frame, FrameKind, to_message
+from squall.protocols.swarm.node import SwarmNode
+from squall.protocols.swarm.options import SwarmOptions
+from squall.protocols.swarm.schedule import node_rng
+from squall.transport import InProcTransport, inproc_mesh
+from squall.transport.inproc import LatencyFn
+from squall.wire import Message
 
 DIM = 32
 #: float32 sums of a few vectors of size ~10: rounding stays far below this.

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness.checks import drift_bounded
-from harness.trace import build_trace
-from protocols.common import LoopConfig, LrSchedule, TrainResult, make_task
-from protocols.common.device import DeviceModel
-from protocols.common.tasks import LeastSquares, Task
-from protocols.swarm import SwarmOptions, SwarmTrainer
-from protocols.transport import inproc_mesh
+from squall.checks import drift_bounded
+from squall.protocols.swarm import SwarmOptions, SwarmTrainer
+from squall.trace import build_trace
+from squall.training import LoopConfig, LrSchedule, TrainResult, make_task
+from squall.training.device import DeviceModel
+from squall.training.tasks import LeastSquares, Task
+from squall.transport import inproc_mesh
 
 NODES = 8
 LATENCY_S = 0.002

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.common.tasks import (
+from squall.training.tasks import (
     TASKS,
     Ballast,
     CharLM,
@@ -22,7 +22,7 @@ from protocols.common.tasks import (
     ballast_count,
     make_task,
 )
-from protocols.common.tasks.charlm import VOCAB_SIZE, corpus
+from squall.training.tasks.charlm import VOCAB_SIZE, corpus
 
 FD_EPS = 1e-6
 FD_TOLERANCE = 1e-6  # max |autograd - central difference| in float64

@@ -4,8 +4,8 @@ Each test builds a fresh mesh on 127.0.0.1 with ephemeral ports (or in memory), 
 under a hard deadline, closes every endpoint and checks that nothing was left behind: no
 pending task, no unclosed socket, no error logged by asyncio.
 
-The rejoinable transports (``rejoinable-*``: :class:`~protocols.transport.PeerNet` in process and
-over TCP, seen through :class:`~protocols.transport.RejoinableTransport`) pass the same cases but
+The rejoinable transports (``rejoinable-*``: :class:`~squall.transport.PeerNet` in process and
+over TCP, seen through :class:`~squall.transport.RejoinableTransport`) pass the same cases but
 one difference by design: they have no failure state, so a peer that closed is never reported
 as failed (:class:`PeerFailed`); a receive from it times out instead. The one case about failure
 is replaced for them by :func:`test_a_closed_rejoinable_peer_is_silent_not_failed`.
@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import torch
 
-from protocols.transport import (
+from squall.transport import (
     InProcHub,
     PeerFailed,
     PeerNet,
@@ -35,8 +35,8 @@ from protocols.transport import (
     inproc_mesh,
     tcp_mesh,
 )
-from protocols.transport.rejoinable_tcp import local_nets
-from protocols.wire import Message, WireError, encode_message
+from squall.transport.rejoinable_tcp import local_nets
+from squall.wire import Message, WireError, encode_message
 
 REJOINABLE = ["rejoinable-inproc", "rejoinable-inproc-latency", "rejoinable-tcp"]
 KINDS = ["inproc", "inproc-latency", "tcp", *REJOINABLE]

@@ -7,8 +7,8 @@ import random
 
 import torch
 
-from protocols.transport import InProcNetwork, inproc_mesh
-from protocols.wire import Message, encode_message
+from squall.transport import InProcNetwork, inproc_mesh
+from squall.wire import Message, encode_message
 
 
 def test_constant_latency_delays_delivery() -> None:

@@ -9,9 +9,9 @@ from typing import TypeVar
 import pytest
 import torch
 
-from protocols.transport.errors import PeerFailed, TransportClosed, TransportTimeout
-from protocols.transport.mailbox import Mailbox
-from protocols.wire import Message
+from squall.transport.errors import PeerFailed, TransportClosed, TransportTimeout
+from squall.transport.mailbox import Mailbox
+from squall.wire import Message
 
 T = TypeVar("T")
 

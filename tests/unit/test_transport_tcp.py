@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from protocols.transport import PeerFailed, TcpTransport, TransportTimeout, tcp_mesh
-from protocols.transport.handshake import WAIT, HandshakeError, Hello, parse_hello, refusal
-from protocols.transport.tcp import bind_listener
-from protocols.wire import (
+from squall.transport import PeerFailed, TcpTransport, TransportTimeout, tcp_mesh
+from squall.transport.handshake import WAIT, HandshakeError, Hello, parse_hello, refusal
+from squall.transport.tcp import bind_listener
+from squall.wire import (
     HEADER_SIZE,
     FrameDecoder,
     Message,

@@ -16,10 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.transport import PeerFailed, TransportTimeout, UdpTransport, udp_mesh
-from protocols.transport.reassembly import Reassembler
-from protocols.transport.udp import bind_udp
-from protocols.wire import (
+from squall.transport import PeerFailed, TransportTimeout, UdpTransport, udp_mesh
+from squall.transport.reassembly import Reassembler
+from squall.transport.udp import bind_udp
+from squall.wire import (
     HEADER_SIZE,
     MAGIC,
     WIRE_VERSION,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.profiles.units import (
+from squall.profiles.units import (
     UnitError,
     format_duration_us,
     format_percent,

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from protocols.common.vote import TransportVote, local_vote
-from protocols.transport import inproc_mesh
+from squall.training.vote import TransportVote, local_vote
+from squall.transport import inproc_mesh
 
 
 async def _decide(spent: list[bool], reached: list[bool]) -> list[bool]:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.wire import (
+from squall.wire import (
     HEADER_SIZE,
     SUPPORTED_DTYPES,
     Flags,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.common.compress import SCHEMAS, DenseFloat32, LatticeCompressor
-from protocols.wire import (
+from squall.training.compress import SCHEMAS, DenseFloat32, LatticeCompressor
+from squall.wire import (
     ArraySpec,
     CompressedPayload,
     Message,
@@ -25,7 +25,7 @@ from protocols.wire import (
     unpack_compressed,
     wire_size,
 )
-from protocols.wire.compressed import pack_fields
+from squall.wire.compressed import pack_fields
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FIXED = struct.Struct("<BBB5sQ")

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols.wire import (
+from squall.wire import (
     HEADER_SIZE,
     MAGIC,
     WIRE_VERSION,

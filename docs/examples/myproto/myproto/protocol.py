@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from protocols.common.algorithms.base import Algorithm
-from protocols.common.optim import Sgd
-from protocols.job import JobContext
-from protocols.train import run_training
-from protocols.transport import Transport
-from protocols.wire import Message
+from squall.job import JobContext
+from squall.protocols.train import run_training
+from squall.training.algorithms.base import Algorithm
+from squall.training.optim import Sgd
+from squall.transport import Transport
+from squall.wire import Message
 
 TAG = 77  # this protocol's channel: recv() waits for it, so other traffic cannot be mistaken for ours
 

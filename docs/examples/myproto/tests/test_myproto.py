@@ -8,8 +8,8 @@ import pytest
 import torch
 from myproto.protocol import PairAverage, partner_of
 
-from harness.checks import Target, converged
-from protocols.transport import inproc_mesh
+from squall.checks import Target, converged
+from squall.transport import inproc_mesh
 
 
 def test_partners_pair_up_every_step() -> None:

@@ -1,1 +1,0 @@
-"""The network-emulation harness: profiles, link shaping, Docker clusters, checks and the pytest plugin."""

@@ -1,5 +1,0 @@
-"""D-PSGD: gossip SGD with a fixed mixing matrix on a ring, a torus or an exponential graph.
-
-The algorithm is the shared gossip layer's :class:`~protocols.gossip.sgd.GossipSGD` with a graph
-mixer; :mod:`~protocols.dpsgd.protocol` declares it and the three named protocols.
-"""

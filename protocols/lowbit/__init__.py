@@ -1,6 +1,0 @@
-"""Low-bit all-reduce SGD: gradients averaged by Flash Communication's two-step INT8/INT4 all-reduce
-(``lowbit_allreduce``), or by its control, the ring that requantizes at every hop (``lowbit_ring``).
-
-The collectives are shared (:mod:`protocols.collectives.lowbit`); this folder declares both protocols
-and builds the training algorithm (:mod:`.sgd`): all-reduce SGD over a low-bit reducer.
-"""

@@ -1,0 +1,7 @@
+"""Squall: distributed-training protocols on emulated bad networks.
+
+Worker side (runs in the containers): ``wire``, ``transport``, ``job``, ``training``,
+``collectives``, ``gossip``, ``protocols``, ``worker``, ``bench``, ``calibration.probes``.
+Host side: ``profiles``, ``shaping``, ``cluster``, ``calibration``, ``trace``, ``checks``,
+``experiment``, ``claims``, ``report``, ``cli``, ``pytest_plugin``. docs/architecture.md has the layers.
+"""

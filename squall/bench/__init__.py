@@ -1,0 +1,1 @@
+"""Benchmark jobs that run inside the containers (the host side is benchmarks/)."""

@@ -1,0 +1,188 @@
+"""Job ``squall.bench.compressed:compressed_bench``: each compressed all-reduce beside the ring.
+
+Run on every node of a cluster (``benchmarks/compression.py`` does, on shaped links), it times, for
+each size, one call after another of every algorithm of ``algorithms``:
+
+==============  ================================================================================
+``dense``       our float32 ring all-reduce (:func:`~squall.collectives.ring_allreduce`)
+``dense16``     the same ring over the vector in float16: the yardstick of PROTOCOLS.md T8.2 (an fp16 ring)
+``top_k``       Top-K with indices by all-gather (:func:`~squall.collectives.sparse.topk_allgather`)
+``rand_k``      shared-seed Rand-K, index-free ring (:func:`~squall.collectives.sparse.randk_allreduce`)
+``arc``         ARC-Top-K: sketch ring, then rows ring (:func:`~squall.collectives.sparse.arc_allreduce`)
+``int8``        two-step INT8 (:func:`~squall.collectives.lowbit.two_step_allreduce`); ``int4`` alike
+``int8_hop``    ring requantizing at every hop (:func:`~squall.collectives.lowbit.requant_ring_allreduce`);
+                ``int4_hop`` alike
+==============  ================================================================================
+
+Config: ``sizes`` (bytes of float32 per rank) [1 MiB, 4 MiB]; ``algorithms`` [all]; ``ratio`` of
+Top-K and Rand-K coordinates [0.01]; ``arc_ratio`` [0.05], ``arc_rank`` [4], ``arc_cols`` [256];
+``repetitions`` [5], ``warmup`` [1]; ``port`` [29630]; ``timeout`` [120]. Each call starts after a
+dissemination barrier; every rank times its own call and counts the bytes its transport sent during
+it. Per size and algorithm the result has ``median_s`` (this rank's), ``median_s_max`` (the slowest
+rank's, by one more all-reduce), ``bytes_sent`` (this rank, per call), ``messages_sent`` and ``hops``
+(sequential message latencies in the algorithm: what the alpha-beta bound counts) and ``links`` (how many
+links its bytes leave on side by side: every pair of containers is shaped as its own link).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from squall.collectives.lowbit import requant_ring_allreduce, two_step_allreduce
+from squall.collectives.ring import ring_allreduce
+from squall.collectives.sparse import arc_allreduce, randk_allreduce, topk_allgather
+from squall.job import JobContext
+from squall.training.compress import arc
+from squall.training.compress.topk import MIN_RATIO
+from squall.transport import TcpTransport, Transport
+from squall.wire import Message
+
+logger = logging.getLogger(__name__)
+
+ALGORITHMS = ("dense", "dense16", "top_k", "rand_k", "arc", "int8", "int4", "int8_hop", "int4_hop")
+DEFAULT_SIZES = (1 << 20, 4 << 20)
+DEFAULT_PORT = 29630
+BARRIER_TAG = 0x43424152  # "CBAR"
+SUMMARY_TAG = 0x4353554D  # "CSUM"
+
+
+def links(algorithm: str, world_size: int) -> int:
+    """Links a rank's bytes leave on at once: 1 for the ring schedules, ``n - 1`` for all-gather and all-to-all."""
+    return world_size - 1 if algorithm in ("top_k", "int8", "int4") else 1
+
+
+def hops(algorithm: str, world_size: int) -> int:
+    """Sequential one-way message latencies of one call (the alpha term of its bound)."""
+    n = world_size
+    ring = 2 * (n - 1)
+    return {"dense": ring, "dense16": ring, "rand_k": ring, "arc": 2 * ring, "int8_hop": ring, "int4_hop": ring,
+            "top_k": 1, "int8": 2, "int4": 2}[algorithm]
+
+
+@dataclass(frozen=True)
+class CompressedBenchConfig:
+    """The validated config (see the module docstring)."""
+
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    algorithms: tuple[str, ...] = ALGORITHMS
+    ratio: float = 0.01
+    arc_ratio: float = 0.05
+    arc_rank: int = 4
+    arc_cols: int = arc.DEFAULT_COLS
+    repetitions: int = 5
+    warmup: int = 1
+    port: int = DEFAULT_PORT
+    timeout: float = 120.0
+
+    @classmethod
+    def from_json(cls, cfg: Mapping[str, Any]) -> CompressedBenchConfig:
+        """Validate ``cfg``; raises ValueError naming the key, the value and what is allowed."""
+        sizes = tuple(int(s) for s in cfg.get("sizes", DEFAULT_SIZES))
+        if not sizes or min(sizes) < 1024:
+            raise ValueError(f"sizes = {list(sizes)} must be a non-empty list of byte counts >= 1024")
+        algorithms = tuple(str(a) for a in cfg.get("algorithms", ALGORITHMS))
+        if not algorithms or not set(algorithms) <= set(ALGORITHMS):
+            raise ValueError(f"algorithms = {list(algorithms)} must be a non-empty subset of {list(ALGORITHMS)}")
+        out = cls(sizes=sizes, algorithms=algorithms, ratio=float(cfg.get("ratio", 0.01)),
+                  arc_ratio=float(cfg.get("arc_ratio", 0.05)), arc_rank=int(cfg.get("arc_rank", 4)),
+                  arc_cols=int(cfg.get("arc_cols", arc.DEFAULT_COLS)), repetitions=int(cfg.get("repetitions", 5)),
+                  warmup=int(cfg.get("warmup", 1)), port=int(cfg.get("port", DEFAULT_PORT)),
+                  timeout=float(cfg.get("timeout", 120.0)))
+        if not MIN_RATIO <= out.ratio <= 1:
+            raise ValueError(f"ratio = {out.ratio} must be in [1/1024, 1]")
+        if not 0 < out.arc_ratio <= 1:
+            raise ValueError(f"arc_ratio = {out.arc_ratio} must be in (0, 1]")
+        if out.repetitions < 1 or out.warmup < 0:
+            raise ValueError(f"repetitions = {out.repetitions} must be >= 1 and warmup = {out.warmup} >= 0")
+        return out
+
+
+Call = Callable[[Transport, torch.Tensor, int], Awaitable[Any]]
+
+
+def calls(config: CompressedBenchConfig, numel: int) -> dict[str, Call]:
+    """Each algorithm as ``(transport, tensor, round) -> awaitable``."""
+    segments = arc.plan(numel, cols=config.arc_cols)
+    t = config.timeout
+    return {
+        "dense": lambda tr, x, r: ring_allreduce(tr, x, round=r, op="mean", timeout=t),
+        "dense16": lambda tr, x, r: ring_allreduce(tr, half(x), round=r, op="mean", timeout=t),
+        "top_k": lambda tr, x, r: topk_allgather(tr, x, ratio=config.ratio, round=r, timeout=t),
+        "rand_k": lambda tr, x, r: randk_allreduce(tr, x, ratio=config.ratio, seed=0, round=r, timeout=t),
+        "arc": lambda tr, x, r: arc_allreduce(tr, x, segments=segments, ratio=config.arc_ratio, rank=config.arc_rank,
+                                              seed=0, round=r, timeout=t),
+        "int8": lambda tr, x, r: two_step_allreduce(tr, x, round=r, bits=8, timeout=t),
+        "int4": lambda tr, x, r: two_step_allreduce(tr, x, round=r, bits=4, timeout=t),
+        "int8_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=8, timeout=t),
+        "int4_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=4, timeout=t),
+    }
+
+
+def half(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float16 (the benchmark converts once per size, outside the timed calls)."""
+    return x if x.dtype == torch.float16 else x.half()
+
+
+def compressed_bench(ctx: JobContext) -> dict[str, Any]:
+    """Entry point (see the module docstring)."""
+    return asyncio.run(_bench(ctx, CompressedBenchConfig.from_json(ctx.config)))
+
+
+async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, Any]:
+    peers = {rank: (address, config.port) for rank, address in enumerate(ctx.spec.peers)}
+    transport = TcpTransport(rank=ctx.rank, peers=peers, default_timeout=config.timeout)
+    rows: list[dict[str, Any]] = []
+    round_ = 0
+    async with transport:
+        n = transport.world_size
+        for size in config.sizes:
+            numel = size // 4
+            x = torch.from_numpy(np.random.default_rng(ctx.rank).standard_normal(numel).astype(np.float32))
+            table = calls(config, numel)
+            inputs = {a: half(x) if a == "dense16" else x for a in config.algorithms}  # fp16 activations, as given
+            times: dict[str, list[float]] = {a: [] for a in config.algorithms}
+            sent: dict[str, list[tuple[int, int]]] = {a: [] for a in config.algorithms}
+            for rep in range(config.warmup + config.repetitions):
+                for algorithm in config.algorithms:
+                    round_ += 1
+                    await barrier(transport, round=round_)
+                    before = transport.total_counters()
+                    t0 = time.perf_counter()
+                    await table[algorithm](transport, inputs[algorithm], round_)
+                    elapsed = time.perf_counter() - t0
+                    after = transport.total_counters()
+                    if rep >= config.warmup:
+                        times[algorithm].append(elapsed)
+                        sent[algorithm].append((after.bytes_sent - before.bytes_sent,
+                                                after.messages_sent - before.messages_sent))
+                        ctx.metrics.write(algorithm=algorithm, size=size, rep=rep - config.warmup, seconds=elapsed)
+            for algorithm in config.algorithms:
+                median = float(np.median(times[algorithm]))
+                round_ += 1
+                slowest = await ring_allreduce(transport, torch.tensor([median], dtype=torch.float64), round=round_,
+                                               op="max", tag=SUMMARY_TAG)
+                rows.append({"algorithm": algorithm, "bytes": size, "median_s": median,
+                             "median_s_max": float(slowest[0]), "bytes_sent": max(b for b, _ in sent[algorithm]),
+                             "messages_sent": max(m for _, m in sent[algorithm]), "hops": hops(algorithm, n),
+                             "links": links(algorithm, n),
+                             "repetitions": len(times[algorithm])})
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "rows": rows}
+
+
+async def barrier(transport: Transport, *, round: int) -> None:
+    """Dissemination barrier (``ceil(log2 n)`` rounds of a one-byte message)."""
+    n, rank = transport.world_size, transport.rank
+    token = torch.zeros(1, dtype=torch.uint8)
+    distance = 1
+    while distance < n:
+        await transport.send((rank + distance) % n, Message.of_tensor(token, round=round, tag=BARRIER_TAG))
+        await transport.recv((rank - distance) % n, tag=BARRIER_TAG, round=round)
+        distance *= 2

@@ -1,0 +1,1 @@
+"""Papers' claims as data (``claims.yaml``) and the kinds that measure them."""

@@ -1,0 +1,1 @@
+"""The ``squall`` command: one module per subcommand, :mod:`squall.cli.main` dispatches."""

@@ -1,0 +1,247 @@
+"""``squall run``, ``squall matrix``, ``squall report`` and ``squall claims``.
+
+``run`` and ``matrix`` show live progress on stderr (:mod:`squall.progress`: a status line on a
+terminal, plain lines in a CI log); ``run`` ends with a summary (steps, time to target, loss,
+bytes sent, report path) and writes a report like ``matrix`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from squall.assets import find_matrix
+from squall.checks import Target, converged, run_time_to_target
+from squall.claims.registry import load_claims
+from squall.cluster.spec import ENGINES, select_engine
+from squall.experiment.fidelity import SessionCalibration
+from squall.experiment.lab import ExperimentError
+from squall.experiment.matrix import build_matrix, load_matrix_file
+from squall.experiment.runner import Labs, run_matrix, target_of
+from squall.progress import Display
+from squall.protocols.catalog import PROTOCOLS
+from squall.report import provenance
+from squall.report.network import describe_profiles
+from squall.report.page import CellResult, ClaimResult, Results, load_results, write_report
+from squall.trace import RunTrace, trace_to_json
+
+
+def _target(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    metric, sep, value = text.partition("=")
+    try:
+        number = float(value) if sep and metric.strip() else math.nan
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"--target must look like accuracy=0.9 or eval_loss=0.5, got {text!r}")
+    return {metric.strip(): number}
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    select_engine(args.engine)  # the default engine of every cluster this command starts
+    matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
+                          source="squall run", known_protocols=PROTOCOLS)
+    run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr}
+    if args.target:
+        run["target"] = _target(args.target)
+    cell = matrix.cells()[0]
+    display = Display(label=cell.id())
+    t0, before = time.monotonic(), provenance.collect()
+    try:
+        fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
+        with display.logging_above(), Labs(backend=args.backend, observer=display, fidelity=fidelity) as labs:
+            from squall.experiment.lab import RunSpec
+
+            trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
+                             cell.workers)
+    except ExperimentError as exc:
+        display.close()
+        logging.getLogger("squall").error("%s: %s", cell.id(), exc)
+        return 1
+    finally:
+        display.close()
+    target = target_of(run)
+    verdict = converged(trace, target) if target else None
+    results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
+                                                                          (verdict,) if verdict else ()),),
+                      calibration=tuple(fidelity.rows),
+                      meta={"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
+                            "duration_s": round(time.monotonic() - t0, 1), "run": dict(run),
+                            "provenance": provenance.finish(before),
+                            "profiles": describe_profiles([(cell.profile, cell.workers)])})
+    _, page = write_report(results, args.report)
+    summary = run_summary(trace, target)
+    if args.json:
+        sys.stdout.write(json.dumps({"trace": trace_to_json(trace), "verdict": verdict and verdict.line(),
+                                     "summary": summary, "report": str(page)}) + "\n")
+    else:
+        sys.stdout.write(format_summary(cell.id(), trace, summary, total_s=time.monotonic() - t0) + "\n")
+        if verdict:
+            sys.stdout.write(verdict.line() + "\n")
+        sys.stdout.write(f"report: {page}\n")
+    return 0 if verdict is None or verdict.passed else 1
+
+
+def run_summary(trace: RunTrace, target: Target | None) -> dict[str, Any]:
+    """What ``squall run`` ends with: steps, time to target, losses, accuracy and bytes of one run."""
+    last = {w: trace.of(w)[-1] for w in range(trace.workers) if trace.of(w)}
+    losses = [r.loss for r in last.values() if r.loss is not None]
+    evaluated = [r for r in trace.records if r.accuracy is not None or r.eval_loss is not None]
+    final = evaluated[-1] if evaluated else None
+    return {
+        "workers": trace.workers,
+        "backend": trace.backend,
+        "steps_min": min((r.step for r in last.values()), default=0),
+        "steps_max": max((r.step for r in last.values()), default=0),
+        "training_s": round(trace.duration, 2),
+        "target": target.describe() if target else None,
+        "time_to_target_s": run_time_to_target(trace, target) if target else None,
+        "final_loss": sum(losses) / len(losses) if losses else None,
+        "final_eval_loss": final.eval_loss if final else None,
+        "final_accuracy": final.accuracy if final else None,
+        "bytes_sent": sum(r.bytes_sent for r in last.values()),
+    }
+
+
+def format_summary(cell_id: str, trace: RunTrace, s: Mapping[str, Any], *, total_s: float) -> str:
+    """The summary block of ``squall run`` (see :func:`run_summary`)."""
+    steps = f"{s['steps_max']}" if s["steps_min"] == s["steps_max"] else f"{s['steps_min']}-{s['steps_max']}"
+    if s["target"] is None:
+        ttt = "no target (--target accuracy=0.9)"
+    elif s["time_to_target_s"] is None:
+        ttt = f"{s['target']}: not reached"
+    else:
+        ttt = f"{s['target']}: {s['time_to_target_s']:.1f} s"
+    per = s["bytes_sent"] / max(1, s["workers"])
+    lines = [f"{cell_id}: {s['workers']} workers, shaping backend {s['backend']}",
+             f"  steps           {steps} per worker in {s['training_s']:.1f} s of training ({total_s:.1f} s in all)",
+             f"  time to target  {ttt}",
+             "  final loss      " + (f"{s['final_loss']:.4g} (training, mean of the workers' last steps)"
+                                     if s["final_loss"] is not None else "-")
+             + (f"; eval loss {s['final_eval_loss']:.4g}" if s["final_eval_loss"] is not None else "")
+             + (f"; accuracy {s['final_accuracy']:.3f}" if s["final_accuracy"] is not None else ""),
+             f"  bytes sent      {s['bytes_sent'] / 1e6:.2f} MB in all, {per / 1e6:.2f} MB per worker"]
+    return "\n".join(lines)
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    select_engine(args.engine)
+    try:
+        path = find_matrix(args.file)  # a path, or a shipped matrix by name (ci, stragglers, ...)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+    spec = load_matrix_file(path, known_protocols=PROTOCOLS)
+    known = {c.id: c for c in load_claims()}
+    unknown = [c for c in spec.claims if c not in known]
+    if unknown:
+        raise ValueError(f"{path}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
+    claims = [] if args.no_claims else [known[c] for c in spec.claims]
+    display = Display()
+    try:
+        with display.logging_above():
+            results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
+                                 title=f"Squall matrix: {path.name}", observer=display,
+                                 calibrate=spec.calibrate and not args.no_calibrate)
+    finally:
+        display.close()
+    _, page = write_report(results, args.report)
+    gates = {c.id: c.gate for c in claims}
+    _summary(results.cells, results.claims, gates)
+    sys.stdout.write(f"report: {page}\n")
+    return matrix_exit_code(results.cells, results.claims, gates)
+
+
+def matrix_exit_code(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> int:
+    """0 when every cell's checks and every gating claim passed; 1 otherwise.
+
+    A claim with ``gate: false`` is measured and reported (its verdict is in the summary and the
+    report) but does not fail the run: the registry says why it cannot gate.
+    """
+    states = [v.passed for c in cells for v in c.verdicts]
+    states += [c.verdict.passed for c in claims if gates.get(c.claim_id, True)]
+    return 0 if all(s is True for s in states) else 1
+
+
+def _summary(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> None:
+    width = max([len(c.cell_id) for c in cells] + [4])
+    for c in cells:
+        states = [v.passed for v in c.verdicts]
+        state = "FAIL" if False in states else "UNKNOWN" if None in states else "pass"
+        sys.stdout.write(f"{c.cell_id:<{width}}  {state:<7}  {c.trace.duration:6.1f} s  "
+                         + "; ".join(f"{v.check}={v.measured}" for v in c.verdicts) + "\n")
+    for claim in claims:
+        reported = "" if gates.get(claim.claim_id, True) else " (reported, not a gate)"
+        sys.stdout.write(f"claim {claim.claim_id}{reported}: {claim.verdict.line()}\n")
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    try:
+        results = load_results(args.dir)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{args.dir}: not a results directory written by 'squall matrix' "
+                         f"({type(exc).__name__}: {exc})") from None
+    _, page = write_report(results, args.dir)
+    sys.stdout.write(f"report: {page}\n")
+    return 0
+
+
+def _cmd_claims(args: argparse.Namespace) -> int:
+    claims = load_claims()
+    if args.json:
+        sys.stdout.write(json.dumps([{"id": c.id, "paper": c.paper, "claim": c.claim, "paper_figure": c.paper_figure,
+                                      "our_setting": c.our_setting} for c in claims]) + "\n")
+    else:
+        for c in claims:
+            sys.stdout.write(f"{c.id}\n  {c.paper}: {c.claim}\n  paper: {c.paper_figure}\n  ours: {c.our_setting}\n")
+    return 0
+
+
+def add_subparser(sub: Any) -> None:
+    """Register run, matrix, report and claims."""
+    run = sub.add_parser("run", help="run one protocol on one profile (one cell) and check it")
+    run.add_argument("--protocol", required=True, help="protocol name (squall protocols) or package.module:function")
+    run.add_argument("--profile", required=True, help="profile name or YAML path")
+    run.add_argument("--workers", type=int, default=4)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seconds", type=float, default=20.0, help="training time budget")
+    run.add_argument("--task", default="logreg_digits")
+    run.add_argument("--lr", type=float, default=0.5)
+    run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
+    run.add_argument("--backend", choices=["netem", "nfqueue"])
+    run.add_argument("--engine", choices=ENGINES, help="where the workers run: this machine's Docker (local, the "
+                     "default) or a Docker Swarm with a node agent on every node (swarm; see docs/swarm.md)")
+    run.add_argument("--json", action="store_true")
+    run.add_argument("--calibrate", action="store_true",
+                     help="calibrate the profile's links quickly before training (the report then says how faithful "
+                          "the emulation was)")
+    run.add_argument("--report", type=Path, default=Path("results/run"), help="report directory")
+    run.set_defaults(func=_cmd_run)
+
+    matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")
+    matrix.add_argument("file", help="matrix YAML, or a shipped matrix by name (ci, stragglers, compression, ...)")
+    matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
+    matrix.add_argument("--backend", choices=["netem", "nfqueue"])
+    matrix.add_argument("--engine", choices=ENGINES, help="local (default) or swarm, as for squall run")
+    matrix.add_argument("--no-claims", action="store_true", help="skip the claims listed in the file")
+    matrix.add_argument("--no-calibrate", action="store_true",
+                        help="do not calibrate each profile before its first cell (the matrix key calibrate: false "
+                             "does the same)")
+    matrix.set_defaults(func=_cmd_matrix)
+
+    report = sub.add_parser("report", help="rebuild report.md and report.html from a results directory")
+    report.add_argument("dir", type=Path)
+    report.set_defaults(func=_cmd_report)
+
+    claims = sub.add_parser("claims", help="list the claims registry")
+    claims.add_argument("--json", action="store_true")
+    claims.set_defaults(func=_cmd_claims)
+

@@ -1,0 +1,72 @@
+"""Was the emulation faithful? A quick calibration of each profile a session uses, once per profile.
+
+``squall matrix``, the pytest plugin and the demo call :meth:`SessionCalibration.ensure` before a
+profile's first cell: it measures two disjoint links of that profile on the cell's own cluster (with
+the lab's shaper, cleared before and after, so no second shaper ever touches the containers) and
+keeps the rows for the report, which flags every cell run on a profile whose calibration failed
+(:func:`squall.report.network.fidelity_by_profile`). A calibration that cannot run is a row that
+says why, never an exception that stops the session: the cells still run, flagged as unverified.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from squall.report.network import FAILED, calibration_rows
+
+logger = logging.getLogger(__name__)
+
+#: The directed links each profile's quick calibration probes: two disjoint ones, so the two probes
+#: do not share a sender or a receiver (four nodes); on smaller clusters one link in both directions.
+LINKS_4 = ((0, 1), (2, 3))
+LINKS_2 = ((0, 1), (1, 0))
+
+Progress = Callable[[str], None]
+
+
+def links_for(workers: int) -> tuple[tuple[int, int], ...]:
+    """The links a quick calibration probes on a cluster of ``workers`` nodes."""
+    if workers < 2:
+        raise ValueError(f"calibration needs at least 2 workers, got {workers}")
+    return LINKS_4 if workers >= 4 else LINKS_2
+
+
+class SessionCalibration:
+    """Each profile calibrated at most once per session; the rows of all of them, in order."""
+
+    def __init__(self, *, enabled: bool = True, progress: Progress = logger.info) -> None:
+        self.enabled = enabled
+        self.progress = progress
+        self.rows: list[dict[str, Any]] = []
+        self.verdicts: dict[str, str] = {}  # profile -> "faithful", "failed", ... (what the rows add up to)
+        self.failures: dict[str, list[str]] = {}  # profile -> why each of its failed checks failed
+
+    def ensure(self, profile: str, cluster: Any, workers: int, *, shaper: Any = None) -> None:
+        """Calibrate ``profile`` on ``cluster`` (and the shaper open on it) unless done or disabled."""
+        if not self.enabled or profile in self.verdicts or workers < 2:
+            return
+        from squall.calibration import calibrate
+
+        t = time.monotonic()
+        self.progress(f"calibrating {profile} (quick, links {', '.join(f'{a}->{b}' for a, b in links_for(workers))})")
+        try:
+            report = calibrate(profile, workers=workers, quick=True, cluster=cluster, shaper=shaper,
+                               pairs=list(links_for(workers)))
+        except Exception as exc:  # the page says the calibration could not run; the session goes on
+            logger.warning("calibration of %s could not run: %s", profile, exc)
+            self.rows.append({"profile": profile, "backend": "-", "link": "all", "quantity": "calibration",
+                              "configured": "-", "measured": "-", "tolerance": "-", "verdict": FAILED,
+                              "why": f"the calibration could not run: {exc}"})
+            self.verdicts[profile] = FAILED
+            self.failures[profile] = [f"the calibration could not run: {exc}"]
+            self.progress(f"calibration {profile}: could not run ({exc})")
+            return
+        rows = calibration_rows(report.to_dict())
+        self.rows += rows
+        self.failures[profile] = [f"{r['link']} {r['quantity']}: {r['why']}" for r in rows if r["verdict"] == FAILED]
+        self.verdicts[profile] = report.verdict.value
+        counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
+        self.progress(f"calibration {profile}: {report.verdict.value} in {time.monotonic() - t:.1f} s ({counts})")

@@ -1,0 +1,311 @@
+"""One cell of a matrix: a protocol trained on a shaped cluster, turned into a :class:`RunTrace`.
+
+A :class:`Lab` owns one cluster and one shaper and runs cells one after another on them: between
+cells it only reshapes links (and brings back nodes that churn took down), so a matrix pays for
+containers once. ``with Lab(workers=4) as lab: trace = lab.run(RunSpec("ring", "wan-5ms"))``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from squall.cluster import ClusterError, ClusterSpec, Mount
+from squall.cluster.backend import ClusterBackend, open_cluster
+from squall.cluster.cluster import SRC_MOUNT, JobHandle
+from squall.cluster.image import REPO_ROOT as SQUALL_ROOT
+from squall.cluster.jobs import JobResult
+from squall.cluster.spec import default_engine
+from squall.experiment.timeline import Action, TimelineRunner, plan_timeline
+from squall.profiles import Profile, load_profile
+from squall.progress import Observer, Quiet
+from squall.protocols.catalog import lookup
+from squall.shaping import Shaper, state_at
+from squall.trace import RunTrace, build_trace
+
+logger = logging.getLogger(__name__)
+
+BASE_PORT = 29500
+EXT_MOUNT = "/squall/ext"  # where third-party protocol code is mounted
+#: Seconds a job may run past its budget (start-up, final evaluation, goodbyes) before it is cancelled.
+GRACE_S = 60.0
+
+
+class ExperimentError(RuntimeError):
+    """A cell could not run, or its run broke the emulation (e.g. shaping stopped); says why."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell: which protocol, on which profile, trained how."""
+
+    protocol: str  # catalog name (squall/protocols/catalog.py) or "package.module:function"
+    profile: str  # profile name or path
+    seed: int = 0  # run seed (data order, init, churn draws)
+    task: str = "logreg_digits"  # training task
+    steps: int | None = None  # step budget (None: only the time budget)
+    seconds: float | None = 30.0  # time budget of the training
+    target: Mapping[str, float] | None = None  # stop early once reached, e.g. {"accuracy": 0.9}
+    lr: float = 0.5  # learning rate
+    batch_size: int = 32  # per-worker batch
+    config: Mapping[str, Any] = field(default_factory=dict)  # further job config (e.g. ballast_mb, eval_every)
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.seconds is None:
+            raise ValueError("a run needs a budget: steps, seconds or both")
+        if self.steps is not None and self.steps <= 0:
+            raise ValueError(f"steps must be > 0, got {self.steps}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"seconds must be > 0, got {self.seconds}")
+        lookup(self.protocol)  # unknown protocol: KeyError naming the known ones
+
+
+class Lab:
+    """A cluster and a shaper, reused across cells."""
+
+    def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
+                 cluster: ClusterBackend | None = None, code: tuple[str, ...] = (), progress: Observer | None = None,
+                 engine: str | None = None) -> None:
+        """:param code: host directories holding third-party protocol packages, mounted read-only
+            into every container and put on its PYTHONPATH.
+        :param progress: told each stage (starting cluster, shaping, training, collecting,
+            teardown) and given the workers' metrics files while they train (:mod:`squall.progress`).
+        :param engine: "local" (this machine's Docker) or "swarm" (:mod:`squall.cluster.backend`); None:
+            the process's default (``--engine``, ``$SQUALL_ENGINE``, else local)."""
+        self.workers = workers
+        self.progress: Observer = progress if progress is not None else Quiet()
+        self.backend_wanted = backend
+        mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
+        pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
+        self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
+                                env=(("PYTHONPATH", pythonpath),), engine=engine or default_engine())
+        self.cluster = cluster
+        self._own_cluster = cluster is None
+        self.shaper: Shaper | None = None
+        self._ports = itertools.count()
+
+    def __enter__(self) -> Lab:
+        if self.cluster is None:
+            self.progress.stage("starting cluster", f"{self.workers} workers")
+            self.cluster = open_cluster(self.spec).start()
+        try:
+            self.progress.stage("shaping", "choosing the backend")
+            self.shaper = self.cluster.open_shaper(self.backend_wanted)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def backend(self) -> str:
+        """The shaping backend in use."""
+        return self.shaper.backend if self.shaper else "none"
+
+    def close(self) -> None:
+        """Stop shaping and (if this lab made it) remove the cluster."""
+        if self.shaper is not None or (self._own_cluster and self.cluster is not None):
+            self.progress.stage("teardown")
+        try:
+            if self.shaper is not None:
+                self.shaper.close()
+                self.shaper = None
+        finally:
+            if self._own_cluster and self.cluster is not None:
+                self.cluster.close()
+                self.cluster = None
+
+    # -- one cell ---------------------------------------------------------------------------------
+    def run(self, spec: RunSpec) -> RunTrace:
+        """Shape the links for ``spec.profile``, train, apply the profile's timeline, return the trace."""
+        cluster, shaper = self._require()
+        profile = load_profile(spec.profile)
+        profile.validate_for(self.workers)
+        self.progress.stage("shaping", f"{spec.protocol} on {profile.name}")
+        shaper.apply(state_at(profile, self.workers, 0.0))
+        proto = lookup(spec.protocol)
+        config = self._config(spec, proto.config)
+        per_node = {i: {"device": {**profile.device(i, self.workers).to_dict(), "seed": spec.seed}}
+                    for i in range(self.workers)}
+        duration = spec.seconds if spec.seconds is not None else 600.0
+        actions = plan_timeline(profile, self.workers, duration)
+        start_wall, start = time.time(), time.monotonic()
+        handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
+                                   timeout=duration + GRACE_S)
+        rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
+                         duration=duration) if proto.rejoins else None
+        self.progress.stage("training", f"{spec.protocol} on {profile.name}, job {handle.job_id}")
+        files = [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
+        with self.progress.watching(files, budget_s=spec.seconds, budget_steps=spec.steps), \
+                TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper, rejoin),
+                               start=start) as timeline:
+            first = handle.wait(raise_on_failure=False)
+        self.progress.stage("collecting", f"{spec.protocol} on {profile.name}")
+        later = rejoin.wait() if rejoin is not None else []
+        lives = incarnations(first, later)
+        results = [runs[-1] for runs in lives]  # each node's last run says whether it survived
+        try:
+            shaper.check()
+        except Exception as exc:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile}: shaping stopped during the run: {exc}") from exc
+        if timeline.errors:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile}: churn failed: {'; '.join(timeline.errors)}")
+        survivors = [r.node for r in results if r.ok]
+        if not survivors:
+            raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node{_all_down(cluster)}:\n  "
+                                  + "\n  ".join(r.describe() for r in results))
+        self._recover(cluster, shaper)
+        meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
+                "budget_steps": spec.steps, "failures": [r.describe() for runs in lives for r in runs if not r.ok],
+                "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness,
+                "rejoined": sorted({r.node for r in later}), "engine": cluster.engine,
+                "placement": [cluster.placement().get(i, "?") for i in range(self.workers)],
+                "clock_offsets_s": cluster.clock_offsets()}
+        per_worker = [[rec for r in runs for rec in r.metrics()] for runs in lives]
+        return build_trace(protocol=spec.protocol, profile=profile.name, seed=spec.seed, backend=shaper.backend,
+                           per_worker=per_worker, start_wall=start_wall,
+                           churn=timeline.marks, survivors=survivors, meta=meta)
+
+    def _config(self, spec: RunSpec, base: Mapping[str, Any]) -> dict[str, Any]:
+        config: dict[str, Any] = {**base, "task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size,
+                                  "seed": spec.seed, "port": BASE_PORT + next(self._ports) % 400}
+        if spec.steps is not None:
+            config["steps"] = spec.steps
+        if spec.seconds is not None:
+            config["seconds"] = spec.seconds
+        if spec.target:
+            config["target"] = dict(spec.target)
+        config.update(spec.config)
+        return config
+
+    def _do(self, action: Action, profile: Profile, cluster: ClusterBackend, shaper: Shaper,
+            rejoin: _Rejoin | None = None) -> None:
+        if action.kind == "reshape":
+            shaper.apply(state_at(profile, self.workers, action.at_s))
+            return
+        for node in action.nodes:
+            if action.kind == "kill":
+                cluster.kill(node)
+            elif action.kind == "pause":
+                cluster.pause(node)
+            elif action.kind == "resume":
+                cluster.unpause(node)
+            elif action.kind == "restart":
+                shaper.replace_endpoint(cluster.restart(node).endpoint)
+                if rejoin is not None:
+                    rejoin.start(node)
+            else:
+                raise ExperimentError(f"unknown churn action {action.kind!r}")
+
+    def _recover(self, cluster: ClusterBackend, shaper: Shaper) -> None:
+        """Bring every node back for the next cell: unpause, restart the dead, re-shape the new."""
+        for node in list(cluster.nodes):
+            state = cluster.state(node.index)
+            if state.paused:
+                cluster.unpause(node.index)
+            elif not state.running or node.agent.ping(timeout=2) is None:
+                logger.info("bringing node %d back after churn", node.index)
+                shaper.replace_endpoint(cluster.restart(node.index).endpoint)
+
+    def _require(self) -> tuple[ClusterBackend, Shaper]:
+        if self.cluster is None or self.shaper is None:
+            raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
+        return self.cluster, self.shaper
+
+
+class _Rejoin:
+    """Gives a node that churn restarted its job again, with the time left of the run's budget.
+
+    For protocols that can join a run under way (``Protocol.rejoins``). The timeline thread calls
+    :meth:`start`; :meth:`wait` collects every such run once the first ones are over.
+    """
+
+    def __init__(self, cluster: ClusterBackend, entry: str, config: Mapping[str, Any],
+                 per_node: Mapping[int, Mapping[str, Any]], *, seed: int, start: float, duration: float) -> None:
+        self.cluster = cluster
+        self.entry = entry
+        self.config = dict(config)
+        self.per_node = per_node
+        self.seed = seed
+        self.start_time = start  # time.monotonic() of the run's start
+        self.duration = duration
+        self._handles: list[JobHandle] = []
+        self._lock = threading.Lock()
+
+    def start(self, node: int) -> None:
+        """Start the job on ``node`` again, with the run's config and what is left of its deadline.
+
+        The config is the run's own (the same ``seconds``): the others' budgets count from their
+        start barrier, which the lab does not see, so a protocol that rejoins counts the budget on
+        the run's clock itself (Moshpit takes its peers' heartbeat ages). The job's deadline is the
+        run's (its budget plus :data:`GRACE_S`), since a job caps its budget by its deadline on its
+        own clock.
+        """
+        left = max(0.0, self.duration - (time.monotonic() - self.start_time))
+        handle = self.cluster.start_job(self.entry, self.config, nodes=[node],
+                                        per_node={node: self.per_node.get(node, {})}, seed=self.seed,
+                                        timeout=self.duration + GRACE_S)
+        logger.info("node %d restarted: its job %s rejoins the run (%.1f s of the timeline left)",
+                    node, handle.job_id, left)
+        with self._lock:
+            self._handles.append(handle)
+
+    def wait(self) -> list[JobResult]:
+        """Results of every run started, in the order they started."""
+        with self._lock:
+            handles = list(self._handles)
+        return [r for h in handles for r in h.wait(raise_on_failure=False)]
+
+
+def _all_down(cluster: ClusterBackend) -> str:
+    """Why every node may have failed at once, as a parenthesis: no engine, or no container running."""
+    try:
+        down = [node.index for node in cluster.nodes if not cluster.state(node.index).running]
+    except ClusterError as exc:
+        return f" (the Docker engine does not answer: {exc})"
+    if down:
+        return f" (the containers of nodes {down} are not running: stopped with the Docker engine, or killed)"
+    return ""
+
+
+def incarnations(first: Sequence[JobResult], later: Sequence[JobResult]) -> list[list[JobResult]]:
+    """Each node's runs of a job in order: its first run, then those it was given after restarts."""
+    lives = [[r] for r in sorted(first, key=lambda r: r.node)]
+    by_node = {runs[0].node: runs for runs in lives}
+    for r in later:
+        by_node[r.node].append(r)
+    return lives
+
+
+def code_dir_of(protocol: str) -> str | None:
+    """The host directory to mount for a ``package.module:function`` protocol (None for built-ins).
+
+    It is the directory that holds the top-level package, found with the host's import system, so
+    a third party's package is importable inside the containers exactly as on the host.
+    """
+    if ":" not in protocol:
+        return None
+    top = protocol.split(":", 1)[0].split(".", 1)[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        raise ExperimentError(f"protocol {protocol!r}: package {top!r} is not importable on this host")
+    if spec.submodule_search_locations:  # a package: mount the directory that contains it
+        root = Path(next(iter(spec.submodule_search_locations))).parent
+    elif spec.origin:  # a single module file
+        root = Path(spec.origin).parent
+    else:
+        raise ExperimentError(f"protocol {protocol!r}: cannot tell where {top!r} lives")
+    if root == Path(SQUALL_ROOT):
+        return None  # part of Squall: already mounted
+    return str(root)

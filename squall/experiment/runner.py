@@ -1,0 +1,157 @@
+"""Running a whole matrix (and its claims) outside pytest: ``squall matrix``, ``make matrix``, the demo.
+
+Cells are grouped by cluster size; each size gets one :class:`~squall.experiment.lab.Lab` (one set of
+containers, reshaped between cells). Every cell gets the ``converged`` check when the run has a
+target; claims are evaluated on the same labs. Progress goes to a callback, one line per cell, and
+(with an ``observer``, :class:`squall.progress.Display`) live: each cell's stage and training.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from squall.checks import Target, Verdict, converged
+from squall.claims.registry import Claim, evaluate
+from squall.experiment.fidelity import SessionCalibration
+from squall.experiment.lab import ExperimentError, Lab, RunSpec, code_dir_of
+from squall.experiment.matrix import Cell, Matrix
+from squall.progress import Observer
+from squall.report import provenance
+from squall.report.network import describe_profiles
+from squall.report.page import CellResult, ClaimResult, Results
+from squall.trace import RunTrace
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(line: str) -> None:
+    """The progress display of the CLI: one line per cell on stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+class Labs:
+    """One lab per (cluster size, third-party code), started on first use, all closed at the end.
+
+    With ``fidelity``, each profile is calibrated on the first lab that runs it, before its first run.
+    """
+
+    def __init__(self, *, backend: str | None, observer: Observer | None = None,
+                 fidelity: SessionCalibration | None = None) -> None:
+        self.backend = backend
+        self.observer = observer
+        self.fidelity = fidelity
+        self._labs: dict[tuple[int, tuple[str, ...]], Lab] = {}
+
+    def get(self, workers: int, protocol: str) -> Lab:
+        code = code_dir_of(protocol)
+        key = (workers, (code,) if code else ())
+        if key not in self._labs:
+            self._labs[key] = Lab(workers=workers, backend=self.backend, code=key[1],
+                                  progress=self.observer).__enter__()
+        return self._labs[key]
+
+    def run(self, spec: RunSpec, workers: int) -> RunTrace:
+        lab = self.get(workers, spec.protocol)
+        if self.fidelity is not None:
+            if self.observer is not None:
+                self.observer.stage("calibrating", spec.profile)
+            self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
+        return lab.run(spec)
+
+    def backends(self) -> list[str]:
+        """Shaping backends of the labs started so far."""
+        return sorted({lab.backend for lab in self._labs.values()})
+
+    def close(self) -> None:
+        for lab in self._labs.values():
+            lab.close()
+        self._labs.clear()
+
+    def __enter__(self) -> Labs:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.close()
+        except Exception as close_exc:
+            if exc is None:
+                raise
+            # the run's own error says why it failed; what teardown left behind is for 'squall gc'
+            logger.error("%s", close_exc)
+
+
+def target_of(run: Mapping[str, Any]) -> Target | None:
+    """The ``converged`` target implied by a run's ``target`` mapping (first metric)."""
+    target = run.get("target")
+    if not target:
+        return None
+    metric, value = next(iter(dict(target).items()))
+    return Target(str(metric), float(value))
+
+
+def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
+               progress: Progress = logger.info, title: str = "Squall matrix",
+               observer: Observer | None = None, calibrate: bool = True) -> Results:
+    """Run every cell (and claim) and collect the results for the report.
+
+    :param progress: gets one line per cell and claim (its verdict), and one per calibration.
+    :param calibrate: quickly calibrate each profile before its first cell (:mod:`squall.experiment.fidelity`);
+        the report flags cells run on a profile whose calibration failed.
+    :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
+    """
+    cells: list[CellResult] = []
+    claim_results: list[ClaimResult] = []
+    target = target_of(run)
+    todo = matrix.cells()
+    t0 = time.monotonic()
+    before = provenance.collect()
+    fidelity = SessionCalibration(enabled=calibrate, progress=progress)
+    with Labs(backend=backend, observer=observer, fidelity=fidelity) as labs:
+        for k, cell in enumerate(todo, 1):
+            cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
+            if observer is not None:
+                observer.label = f"[{k}/{len(todo)}] {cell_id}"
+            cells.append(_run_cell(labs, cell, run, target, cell_id=cell_id, tag=f"[{k}/{len(todo)}] {cell_id}",
+                                   progress=progress))
+        for claim in claims:
+            if observer is not None:
+                observer.label = f"claim {claim.id}"
+            progress(f"claim {claim.id}: {claim.fast} vs {claim.slow} on {', '.join(claim.profiles)}, "
+                     f"{claim.workers} workers, seeds {list(claim.seeds)}")
+            result = evaluate(claim, labs.run)
+            claim_results.append(result)
+            progress(f"claim {claim.id}: {result.verdict.line()}")
+        backends = labs.backends()
+    meta = {"cells": len(cells), "claims": len(claim_results), "duration_s": round(time.monotonic() - t0, 1),
+            "shaping backend": ", ".join(backends) or "none", "run": dict(run),
+            "provenance": provenance.finish(before),
+            "profiles": describe_profiles((c.profile, c.workers) for c in todo)}
+    if not calibrate:
+        meta["calibration"] = "off: the emulation of these profiles was not checked in this run"
+    return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), calibration=tuple(fidelity.rows),
+                   meta=meta)
+
+
+def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,
+              progress: Progress) -> CellResult:
+    t = time.monotonic()
+    spec = replace(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=cell.seed), **dict(run))
+    try:
+        trace = labs.run(spec, cell.workers)
+    except ExperimentError as exc:
+        progress(f"{tag}: ERROR {exc}")
+        empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
+        return CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),))
+    verdicts = (converged(trace, target),) if target else ()
+    state = "PASS" if all(v.passed for v in verdicts) else "FAIL"
+    progress(f"{tag}: {state} in {time.monotonic() - t:.1f} s "
+             + "; ".join(v.line() for v in verdicts))
+    return CellResult(cell_id, trace, verdicts)

@@ -1,0 +1,188 @@
+"""Link sections: parsing ``links:`` (and each phase's ``links:``) into the rules of each scope.
+
+Scopes from least to most specific: ``default``; ``inside`` a region / ``between`` two regions;
+``nodes`` (the sender's ``egress``, the receiver's ``ingress``); ``pairs``. A more specific scope
+replaces the settings it names, key by key (the keys of :data:`~.settings.SETTINGS`: ``delay``,
+``jitter``, ``loss``, ``duplicate``, ``reorder``, ``rate``, ``limit``); a key is replaced as a
+whole (``loss: 5%`` drops a less specific loss correlation). Within ``between`` and ``pairs`` a
+directed entry (``->``) beats a symmetric one (``<->``); two entries of the same kind covering one
+link are an error, as is a node named by two ``nodes`` entries. When the sender's egress and the
+receiver's ingress both set a key, the ``narrowest`` ones (``rate``, ``limit``) take the smaller
+value (a packet crosses both); any other key is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from squall.profiles.bounds import parse_link_rate_bps
+from squall.profiles.errors import Origin, Section, expect_list
+from squall.profiles.regions import RegionSet
+from squall.profiles.selectors import NodeSelector, PairExpr, parse_pair, parse_selector, split_arrow
+from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS
+
+KEY_OF_FIELD: Final = {field: setting.key for field, setting in BY_FIELD.items()}
+MIN_FIELDS: Final = frozenset(s.field for s in SETTINGS if s.narrowest)  # egress/ingress conflicts take the smaller
+
+
+@dataclass(frozen=True)
+class LinkPatch:
+    """One link section as written: the settings it names, in table order."""
+
+    origin: Origin  # the section's key path, e.g. links.pairs[2]
+    values: tuple[tuple[str, object], ...] = ()  # (LinkSpec field, parsed value) for each key written
+
+    def items(self) -> list[tuple[str, object]]:
+        """The (LinkSpec field, value) pairs this section sets."""
+        return list(self.values)
+
+
+def parse_link_section(origin: Origin, raw: object, extra_keys: tuple[str, ...] = ()) -> LinkPatch:
+    """Read one mapping of link settings (plus ``extra_keys`` that the caller reads itself)."""
+    section = Section(origin, raw, (*extra_keys, *LINK_KEYS))
+    values = tuple(
+        (s.field, s.parse(origin.at(s.key), section.value(s.key))) for s in SETTINGS if section.has(s.key)
+    )
+    return LinkPatch(origin, values)
+
+
+@dataclass(frozen=True)
+class BetweenRule:
+    """Links from one region to another (or both ways)."""
+
+    origin: Origin  # links.between[i]
+    src: str  # region the links leave (either, when symmetric)
+    dst: str  # region the links enter (either, when symmetric)
+    symmetric: bool  # written with <->
+    patch: LinkPatch  # the settings
+
+
+@dataclass(frozen=True)
+class NodeRule:
+    """Settings for every link leaving (egress) or entering (ingress) some nodes."""
+
+    origin: Origin  # links.nodes[i]
+    nodes: NodeSelector  # which nodes
+    egress: LinkPatch | None  # applied to links src -> *, for src in nodes
+    ingress: LinkPatch | None  # applied to links * -> dst, for dst in nodes
+    uplink_bps: int | None  # total sending rate shared by all of the node's links
+    downlink_bps: int | None  # total receiving rate shared by all of the node's links
+
+
+@dataclass(frozen=True)
+class PairRule:
+    """Settings for the links of a pair expression."""
+
+    expr: PairExpr  # which links
+    patch: LinkPatch  # the settings
+
+
+@dataclass(frozen=True)
+class LinkRules:
+    """One ``links:`` mapping (the base, or a phase's)."""
+
+    origin: Origin  # "links" or "phases[i].links"
+    default: LinkPatch | None = None  # every link
+    inside: tuple[tuple[str, LinkPatch], ...] = ()  # (region, settings) for links within a region
+    between: tuple[BetweenRule, ...] = ()  # links across regions
+    nodes: tuple[NodeRule, ...] = ()  # per-node egress/ingress
+    pairs: tuple[PairRule, ...] = ()  # per-pair
+
+    def selectors(self) -> list[NodeSelector]:
+        """Every node selector written in these rules (to check them against n)."""
+        found = [rule.nodes for rule in self.nodes]
+        for pair in self.pairs:
+            found += [pair.expr.src, pair.expr.dst]
+        return found
+
+
+def _between(origin: Origin, raw: object, regions: RegionSet) -> BetweenRule:
+    """One ``between`` entry: ``{link: "eu <-> us", delay: 40ms}``."""
+    patch = parse_link_section(origin, raw, ("link",))
+    assert isinstance(raw, dict)
+    link_origin = origin.at("link")
+    if "link" not in raw:
+        raise link_origin.error("is required", allowed="'REGION -> REGION' or 'REGION <-> REGION'")
+    src, symmetric, dst = split_arrow(link_origin, raw["link"])
+    for name in (src, dst):
+        regions.require(link_origin, name)
+    if src == dst:
+        raise link_origin.error("a region to itself", value=raw["link"], allowed=f"links.inside.{src}")
+    return BetweenRule(origin, src, dst, symmetric, patch)
+
+
+def _node_rule(origin: Origin, raw: object) -> NodeRule:
+    """One ``nodes`` entry: ``{nodes: 3, egress: {...}, ingress: {...}, uplink: 20mbit}``."""
+    section = Section(origin, raw, ("nodes", "egress", "ingress", "uplink", "downlink"))
+    if not section.has("nodes"):
+        raise origin.at("nodes").error("is required", allowed="a node selector")
+    rule = NodeRule(
+        origin=origin,
+        nodes=parse_selector(origin.at("nodes"), section.value("nodes")),
+        egress=parse_link_section(origin.at("egress"), section.value("egress"))
+        if section.has("egress")
+        else None,
+        ingress=parse_link_section(origin.at("ingress"), section.value("ingress"))
+        if section.has("ingress")
+        else None,
+        uplink_bps=section.get("uplink", parse_link_rate_bps),
+        downlink_bps=section.get("downlink", parse_link_rate_bps),
+    )
+    if len(section.raw) == 1:
+        raise origin.error("sets nothing", allowed="egress, ingress, uplink or downlink next to nodes")
+    return rule
+
+
+def _pair(origin: Origin, raw: object) -> PairRule:
+    """One ``pairs`` entry: ``{link: "0 -> 1", delay: 10ms}``."""
+    patch = parse_link_section(origin, raw, ("link",))
+    assert isinstance(raw, dict)
+    if "link" not in raw:
+        raise origin.at("link").error("is required", allowed="'A -> B' or 'A <-> B' with node selectors")
+    return PairRule(parse_pair(origin.at("link"), raw["link"]), patch)
+
+
+def _no_duplicates(origin: Origin, keys: list[tuple[object, ...]], what: str) -> None:
+    """Reject two entries of a list that name the same links."""
+    seen: dict[tuple[object, ...], int] = {}
+    for index, key in enumerate(keys):
+        if key in seen:
+            raise (
+                origin.at(index)
+                .at("link")
+                .error(f"the same {what} as {origin.at(seen[key]).key}", allowed=f"each {what} once")
+            )
+        seen[key] = index
+
+
+def parse_links(origin: Origin, raw: object, regions: RegionSet) -> LinkRules:
+    """Read a ``links:`` mapping."""
+    section = Section(origin, raw, ("default", "inside", "between", "nodes", "pairs"))
+    default = (
+        parse_link_section(origin.at("default"), section.value("default")) if section.has("default") else None
+    )
+    inside: list[tuple[str, LinkPatch]] = []
+    if section.has("inside"):
+        inside_origin = origin.at("inside")
+        inside_raw = Section(inside_origin, section.value("inside"), regions.names).raw
+        inside = [
+            (str(name), parse_link_section(inside_origin.at(str(name)), v)) for name, v in inside_raw.items()
+        ]
+
+    def entries(key: str, what: str) -> list[tuple[Origin, object]]:
+        if not section.has(key):
+            return []
+        items = expect_list(origin.at(key), section.value(key), what)
+        return [(origin.at(key).at(i), item) for i, item in enumerate(items)]
+
+    between = [_between(o, item, regions) for o, item in entries("between", "{link: 'A <-> B', ...} entries")]
+    _no_duplicates(
+        origin.at("between"),
+        [(r.symmetric, *(sorted([r.src, r.dst]) if r.symmetric else [r.src, r.dst])) for r in between],
+        "region link",
+    )
+    nodes = [_node_rule(o, item) for o, item in entries("nodes", "{nodes: SELECTOR, egress: ...} entries")]
+    pairs = [_pair(o, item) for o, item in entries("pairs", "{link: 'A -> B', ...} entries")]
+    _no_duplicates(origin.at("pairs"), [p.expr.canonical() for p in pairs], "pair")
+    return LinkRules(origin, default, tuple(inside), tuple(between), tuple(nodes), tuple(pairs))

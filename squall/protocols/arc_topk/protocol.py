@@ -1,0 +1,20 @@
+"""ARC-Top-K: shared-sketch row selection, index-free all-reduce, EF21M."""
+
+from __future__ import annotations
+
+from squall.protocols.arc_topk.sgd import NAME, build_arc_topk
+from squall.training.declaration import AlgorithmDeclaration, Declaration
+
+DECLARATIONS = (
+    AlgorithmDeclaration(NAME, build_arc_topk,
+                         "ratio, rank, cols, shapes, reshape (task/flat), seed, "
+                         "ef (none/ef14/ef21/ef21m), beta, dense_start, timeout"),
+    Declaration(
+        NAME,
+        "synchronous SGD, ARC-Top-K: rank-4 shared sketch picks 5 % of rows, index-free ring all-reduce, EF21M",
+        "train",
+        {"algorithm": NAME, "algorithm_args": {"ratio": 0.05, "rank": 4, "ef": "ef21m"}},
+        paper="ARC-Top-K: Chen, Ma, Li, He, Dong, Yuan, arXiv 2510.26709",
+        needs=frozenset({"tcp", "device_model"}),
+    ),
+)

@@ -1,0 +1,151 @@
+"""ARC-Top-K as a training algorithm: :class:`~squall.training.compress.CompressedSGD` over
+:func:`squall.collectives.sparse.arc_allreduce` (the paper's two all-reduces over our ring).
+
+Per step ``t`` (every rank alike): ``V`` from ``shared_seed(seed, t)``; ring all-reduce (mean) of the
+sketch ``G_i V``; the top rows of the mean sketch; ring all-reduce (mean) of the selected rows; scatter.
+Bytes per worker per step: ``2 (n-1)/n 4 (rows r + k cols)`` plus message headers
+(:func:`arc_bytes_per_rank`).
+
+The shared ``train`` job hands the algorithm a flat gradient and, before the first step, the task's
+tensors (:meth:`~squall.training.algorithms.base.Algorithm.bind_tensors`). With ``reshape: task`` (the
+default) each tensor is sketched as the paper's DDP hook views it: a matrix as itself, a tensor of more
+dimensions as ``(d / 2t^2, 2t^2)``, a 1-d tensor (a bias) all-reduced whole with its top coordinates
+kept (:func:`squall.training.compress.arc.plan`); a task that is one vector, or ``reshape: flat``,
+views the gradient as one matrix of ``cols`` columns. ``shapes`` names the tensors explicitly instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from squall.collectives import ring_allreduce
+from squall.collectives.sparse import arc_allreduce
+from squall.training.algorithms.base import Algorithm, Shapes
+from squall.training.compress import CompressedSGD
+from squall.training.compress import arc as maths
+from squall.training.compress.feedback import feedback_options
+from squall.training.optim import Sgd
+from squall.transport import Transport
+
+NAME = "arc_topk"  # the protocol's and the algorithm's name
+#: Tag of the dense first step's ring ("ARCD").
+DENSE_TAG = 0x41524344
+#: Bytes of a message header plus a 1-d tensor descriptor.
+MESSAGE_OVERHEAD = 48 + 16
+#: How a flat gradient is cut into the sketched matrices: the task's tensors, or one matrix.
+RESHAPES = ("task", "flat")
+
+
+@dataclass(frozen=True, slots=True)
+class ArcConfig:
+    """ARC-Top-K's settings (the paper's defaults: ratio 0.2 on its models; rank 4)."""
+
+    ratio: float = 0.05  # fraction of rows selected per matrix
+    rank: int = 4  # sketch rank r
+    cols: int = maths.DEFAULT_COLS  # columns of the matrix a flat gradient is viewed as
+    shapes: Shapes | None = None  # the tensors in the flat vector, given explicitly (over ``reshape``)
+    reshape: str = "task"  # "task": the task's own tensors when it has several; "flat": one matrix
+    seed: int = 0  # shared seed (with the step) of the sketch
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ratio <= 1:
+            raise ValueError(f"arc_topk: ratio = {self.ratio} must be in (0, 1]")
+        if not 1 <= self.rank <= 1024:
+            raise ValueError(f"arc_topk: rank = {self.rank} must be in [1, 1024]")
+        if not 1 <= self.cols <= 1 << 20:
+            raise ValueError(f"arc_topk: cols = {self.cols} must be in [1, 2**20]")
+        if not 0 <= self.seed < 1 << 32:
+            raise ValueError(f"arc_topk: seed = {self.seed} must be in [0, 2**32)")
+        if self.reshape not in RESHAPES:
+            raise ValueError(f"arc_topk: reshape = {self.reshape!r} must be one of {', '.join(RESHAPES)}")
+
+    def tensors(self, task_shapes: Shapes | None) -> Shapes | None:
+        """The tensors a flat gradient is cut into, given the task's (None: one matrix of ``cols``)."""
+        if self.shapes is not None:
+            return self.shapes
+        return task_shapes if self.reshape == "task" else None
+
+
+def arc_bytes_per_rank(numel: int, world_size: int, config: ArcConfig, task_shapes: Shapes | None = None) -> int:
+    """Data bytes one rank sends per compressed step when ``n`` divides both all-reduced sizes (headers apart)."""
+    segments = maths.plan(numel, shapes=config.tensors(task_shapes), cols=config.cols)
+    floats = maths.sketch_numel(segments, config.rank) + maths.selected_numel(segments, config.ratio)
+    return 2 * (world_size - 1) * floats * 4 // world_size
+
+
+class ArcAggregate:
+    """``vector -> (its ARC-Top-K rows, the mean of every rank's)`` by two ring all-reduces (an :data:`Aggregate`).
+
+    The segment plan is made on the first call from the tensors :meth:`bind` was told (every rank is
+    told the same task's, so every rank cuts the vector alike).
+    """
+
+    def __init__(self, transport: Transport, config: ArcConfig) -> None:
+        self.transport, self.config = transport, config
+        self.task_shapes: Shapes | None = None
+        self.segments: tuple[maths.Segment, ...] | None = None
+
+    def bind(self, shapes: Shapes) -> None:
+        """The task's tensors, in packing order (before the first compressed step)."""
+        self.task_shapes, self.segments = shapes, None
+
+    async def __call__(self, vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self.config
+        if self.segments is None or sum(s.numel for s in self.segments) != vector.numel():
+            tensors = config.tensors(self.task_shapes)
+            if config.shapes is None and tensors is not None and sum(map(math.prod, tensors)) != vector.numel():
+                tensors = None  # the task's tensors are not this vector's (a wrapper added entries): one matrix
+            self.segments = maths.plan(vector.numel(), shapes=tensors, cols=config.cols)
+        return await arc_allreduce(self.transport, vector, segments=self.segments, ratio=config.ratio,
+                                   rank=config.rank, seed=config.seed, round=round, timeout=config.timeout)
+
+
+def arc_aggregate(transport: Transport, config: ArcConfig) -> ArcAggregate:
+    """The ARC-Top-K aggregation of ``config`` over ``transport`` (see :class:`ArcAggregate`)."""
+    return ArcAggregate(transport, config)
+
+
+class ArcTopK(CompressedSGD):
+    """:class:`CompressedSGD` over :class:`ArcAggregate`, told the task's tensors for the paper's reshaping."""
+
+    def __init__(self, aggregate: ArcAggregate, dense: Any, **kwargs: Any) -> None:
+        super().__init__(aggregate, dense, **kwargs)
+        self.arc = aggregate
+
+    def bind_tensors(self, shapes: Shapes) -> None:
+        self.arc.bind(shapes)
+
+
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Sequence) or not all(isinstance(s, Sequence) and s for s in value):
+        raise ValueError(f"arc_topk: shapes = {value!r} must be a list of non-empty lists of sizes")
+    return tuple(tuple(int(d) for d in s) for s in value)
+
+
+def build_arc_topk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
+    """Builder of ``arc_topk``: ``ratio`` (0.05), ``rank`` (4), ``cols`` (256), ``shapes``, ``reshape``
+    (task), ``seed`` (0), ``ef`` (ef21m), ``beta`` (0.9), ``dense_start`` (true), ``timeout``."""
+    feedback = feedback_options(options, default="ef21m")
+    timeout = options.pop("timeout", None)
+    config = ArcConfig(
+        ratio=float(options.pop("ratio", 0.05)),
+        rank=int(options.pop("rank", 4)),
+        cols=int(options.pop("cols", maths.DEFAULT_COLS)),
+        shapes=_shapes(options.pop("shapes", None)),
+        reshape=str(options.pop("reshape", "task")),
+        seed=int(options.pop("seed", 0)),
+        timeout=None if timeout is None else float(timeout),
+    )
+
+    async def dense(tensor: torch.Tensor, round: int) -> torch.Tensor:
+        return await ring_allreduce(transport, tensor, round=round, op="mean", tag=DENSE_TAG, timeout=config.timeout)
+
+    return ArcTopK(arc_aggregate(transport, config), dense, feedback=feedback, optimizer=sgd, name=NAME)

@@ -1,0 +1,66 @@
+"""All-reduce SGD over a low-bit mean all-reduce (two-step or per-hop ring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from squall.collectives.lowbit import requant_ring_allreduce, two_step_allreduce
+from squall.training.algorithms.base import Algorithm, Reducer
+from squall.training.algorithms.reduce import AllReduceSGD
+from squall.training.compress.quant import check_settings
+from squall.training.optim import Sgd
+from squall.transport import Transport
+
+TWO_STEP = "lowbit_allreduce"  # Flash Communication's two-step all-reduce
+RING = "lowbit_ring"  # the control: requantize at every ring hop
+COLLECTIVES = {TWO_STEP: two_step_allreduce, RING: requant_ring_allreduce}
+
+
+@dataclass(frozen=True, slots=True)
+class LowBitConfig:
+    """The quantization of a low-bit all-reduce."""
+
+    bits: int = 8  # 8 or 4
+    group: int = 128  # elements per scale and zero point
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+    def __post_init__(self) -> None:
+        check_settings(self.bits, self.group)
+
+
+def lowbit_reducer(transport: Transport, collective: str, config: LowBitConfig) -> Reducer:
+    """A mean all-reduce by ``collective`` (``lowbit_allreduce`` or ``lowbit_ring``)."""
+    function = COLLECTIVES.get(collective)
+    if function is None:
+        raise ValueError(f"unknown low-bit collective {collective!r}; allowed: {sorted(COLLECTIVES)}")
+
+    async def reduce(tensor: torch.Tensor, round: int) -> torch.Tensor:
+        out = await function(transport, tensor, round=round, bits=config.bits, group=config.group, op="mean",
+                             timeout=config.timeout)
+        return out.to(tensor.dtype)
+
+    return reduce
+
+
+def _config(options: dict[str, Any]) -> LowBitConfig:
+    timeout = options.pop("timeout", None)
+    return LowBitConfig(bits=int(options.pop("bits", 8)), group=int(options.pop("group", 128)),
+                        timeout=None if timeout is None else float(timeout))
+
+
+def _named(algorithm: AllReduceSGD, name: str) -> Algorithm:
+    algorithm.name = name  # the protocol's algorithm name, in metrics
+    return algorithm
+
+
+def build_two_step(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
+    """Builder of ``lowbit_allreduce``: ``bits`` (8), ``group`` (128), ``timeout``."""
+    return _named(AllReduceSGD(lowbit_reducer(transport, TWO_STEP, _config(options)), optimizer=sgd), TWO_STEP)
+
+
+def build_ring(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
+    """Builder of ``lowbit_ring``: ``bits`` (8), ``group`` (128), ``timeout``."""
+    return _named(AllReduceSGD(lowbit_reducer(transport, RING, _config(options)), optimizer=sgd), RING)

@@ -1,0 +1,1 @@
+"""The report: Markdown and a self-contained HTML page from a results file."""

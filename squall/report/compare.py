@@ -1,0 +1,200 @@
+"""The report's third question: how does each protocol compare, at equal targets rather than equal stops?
+
+Runs stop at different steps, so "final loss" compares unlike things. Here every cell is measured
+against one target (the run's ``target``, e.g. accuracy >= 0.9): the seconds until every surviving
+worker met it, and the bytes each worker had sent by then. The protocol x profile table gives the
+median over seeds and the ratio to the best protocol of each profile (1.00 = the best). A protocol's
+own figures (the fields of its ``stats()``: per step in ``StepRecord.extra``, at the end in the
+workers' summaries) are gathered per protocol, since each has its own names.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from squall.checks import Target
+from squall.checks.convergence import run_time_to_target
+from squall.trace import RunTrace
+
+#: Fields every training protocol's end summary and step records carry (the record schema:
+#: ``squall/training/run/records.py`` RESERVED plus the summary's own); everything else is the
+#: protocol's. Kept here because the report runs on the host without the protocols' code;
+#: ``tests/unit/test_report_compare.py`` checks it covers the schema's reserved names.
+SCHEMA_FIELDS = frozenset({
+    "step", "elapsed_s", "event", "rank", "lr", "loss", "compute_s", "sleep_s", "comm_s", "step_s",
+    "bytes_sent", "bytes_received", "messages_sent", "messages_received", "param_hash", "norm", "projection",
+    "steps", "stopped_by", "final_eval", "last_loss", "target_step", "eval_s", "vote_s", "wall", "t",
+    "accuracy", "eval_loss",
+})
+
+
+def target_from(meta: Mapping[str, Any]) -> Target | None:
+    """The target of a results file: ``meta["target"]`` or the run's ``target`` mapping (its first metric)."""
+    raw = meta.get("target")
+    if raw is None and isinstance(meta.get("run"), Mapping):
+        raw = meta["run"].get("target")
+    if isinstance(raw, Mapping) and raw:
+        metric, value = next(iter(raw.items()))
+        try:
+            return Target(str(metric), float(value))
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class CellFigures:
+    """What one cell achieved, at its target and at its end."""
+
+    protocol: str
+    profile: str
+    workers: int
+    seed: int
+    seconds_to_target: float | None  # until every surviving worker met the target; None: never
+    bytes_to_target: float | None  # mean over surviving workers of bytes sent by then; None: never
+    steps: int  # the most steps any worker made
+    bytes_per_worker: float  # mean bytes sent by a surviving worker over the whole run
+    final_loss: float | None  # median of the workers' last training loss
+
+
+def _last_bytes_by(trace: RunTrace, worker: int, t: float) -> int:
+    sent = 0
+    for r in trace.of(worker):
+        if r.t > t:
+            break
+        sent = r.bytes_sent
+    return sent
+
+
+def cell_figures(trace: RunTrace, target: Target | None) -> CellFigures:
+    """:class:`CellFigures` of one trace."""
+    alive = [w for w in trace.alive if trace.of(w)]
+    tt = run_time_to_target(trace, target) if target is not None and alive else None
+    bt = statistics.mean(_last_bytes_by(trace, w, tt) for w in alive) if tt is not None else None
+    lasts = [trace.of(w)[-1] for w in alive]
+    losses = [next((r.loss for r in reversed(trace.of(w)) if r.loss is not None), None) for w in alive]
+    known = [v for v in losses if v is not None]
+    return CellFigures(trace.protocol, trace.profile, trace.workers, trace.seed, tt, bt,
+                       max((r.step for r in lasts), default=0),
+                       statistics.mean(r.bytes_sent for r in lasts) if lasts else 0.0,
+                       statistics.median(known) if known else None)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Protocol x profile medians over seeds and cluster sizes, and each one's ratio to its profile's best."""
+
+    protocols: tuple[str, ...]
+    profiles: tuple[str, ...]
+    seconds: Mapping[tuple[str, str], float | None]  # (protocol, profile) -> median seconds to target
+    bytes: Mapping[tuple[str, str], float | None]  # (protocol, profile) -> median bytes per worker to target
+    reached: Mapping[tuple[str, str], tuple[int, int]]  # runs that reached the target, of runs
+
+    def ratio(self, protocol: str, profile: str) -> float | None:
+        """Seconds to target over the profile's best (1.0 for the best; None when it never got there)."""
+        mine = self.seconds.get((protocol, profile))
+        best = self.best(profile)
+        return None if mine is None or best is None or best <= 0 else mine / best
+
+    def best(self, profile: str) -> float | None:
+        """The fastest protocol's seconds to target on ``profile``."""
+        known = [v for (_, p), v in self.seconds.items() if p == profile and v is not None]
+        return min(known) if known else None
+
+
+def compare(figures: Sequence[CellFigures]) -> Comparison:
+    """Medians per (protocol, profile); a pair reaches the target when at least one of its runs did."""
+    times: dict[tuple[str, str], list[float | None]] = defaultdict(list)
+    sent: dict[tuple[str, str], list[float | None]] = defaultdict(list)
+    for f in figures:
+        times[(f.protocol, f.profile)].append(f.seconds_to_target)
+        sent[(f.protocol, f.profile)].append(f.bytes_to_target)
+
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return Comparison(
+        protocols=tuple(sorted({f.protocol for f in figures})), profiles=tuple(sorted({f.profile for f in figures})),
+        seconds={k: median(v) for k, v in times.items()}, bytes={k: median(v) for k, v in sent.items()},
+        reached={k: (sum(v is not None for v in vs), len(vs)) for k, vs in times.items()})
+
+
+def megabytes(value: float | None) -> str:
+    """``1.23 MB``, ``45.6 KB`` or ``-``."""
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.3g} MB"
+    return f"{value / 1e3:.3g} KB"
+
+
+def comparison_rows(c: Comparison) -> list[list[str]]:
+    """Rows protocol, profile, seconds to target, ratio to best, bytes per worker to target, runs reached."""
+    rows = []
+    for profile in c.profiles:
+        for protocol in c.protocols:
+            if (protocol, profile) not in c.seconds:
+                continue
+            secs, ratio = c.seconds[(protocol, profile)], c.ratio(protocol, profile)
+            got, of = c.reached[(protocol, profile)]
+            rows.append([profile, protocol, "not reached" if secs is None else f"{secs:.2f}",
+                         "-" if ratio is None else f"{ratio:.2f}x", megabytes(c.bytes[(protocol, profile)]),
+                         f"{got} of {of}"])
+    return rows
+
+
+COMPARE_HEAD = ["profile", "protocol", "time to target (s)", "vs best", "bytes per worker to target", "runs reached"]
+
+
+# -- a protocol's own figures ----------------------------------------------------------------------
+def _numbers(mapping: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in mapping.items():
+        if k in SCHEMA_FIELDS or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            continue
+        out[k] = float(v)
+    return out
+
+
+def own_fields(trace: RunTrace) -> dict[str, float]:
+    """The protocol's own numeric figures of one run, each the median over surviving workers: the end
+    summaries' fields first (``trace.meta["summaries"]``), else the last step record's extras."""
+    per_worker: list[dict[str, float]] = []
+    summaries = trace.meta.get("summaries")
+    if isinstance(summaries, list):
+        per_worker = [_numbers(s) for s in summaries if isinstance(s, Mapping)]
+    steps = [_numbers(trace.of(w)[-1].extra) for w in trace.alive if trace.of(w)]
+    names = sorted({k for d in [*per_worker, *steps] for k in d})
+    out = {}
+    for name in names:
+        values = [d[name] for d in per_worker if name in d] or [d[name] for d in steps if name in d]
+        out[name] = statistics.median(values)
+    return out
+
+
+def stats_tables(traces: Sequence[tuple[str, RunTrace]]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Per protocol: (head, rows) with one row per cell (its id) and one column per field of its own."""
+    fields: dict[str, list[tuple[str, dict[str, float]]]] = defaultdict(list)
+    for cell_id, trace in traces:
+        mine = own_fields(trace)
+        if mine:
+            fields[trace.protocol].append((cell_id, mine))
+    out = {}
+    for protocol, rows in sorted(fields.items()):
+        names = sorted({k for _, d in rows for k in d})
+        out[protocol] = (["cell", *names], [[cell_id, *(_num(d.get(n)) for n in names)] for cell_id, d in rows])
+    return out
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:.4g}"

@@ -1,0 +1,137 @@
+"""The comparison plots of a report: the time-to-target heatmap, loss against bytes sent, bytes to target.
+
+Each function returns a PNG as base64 text (for a data URI) or None when there is nothing to draw.
+The heatmap's colour is the ratio to the best protocol of the same profile (log scale, 1x green),
+and each square says the seconds and the ratio in words, so the figure reads without a legend.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from squall.report.compare import Comparison, megabytes
+from squall.trace import RunTrace
+
+DPI = 110
+
+
+def png(fig: Any) -> str:
+    """The figure as base64 PNG text; the figure is closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plot_heatmap(c: Comparison, target: str) -> str | None:
+    """Protocol x profile: seconds to ``target`` and the ratio to each profile's best."""
+    if not c.protocols or not c.profiles or all(v is None for v in c.seconds.values()):
+        return None
+    grid = [[c.ratio(p, q) for q in c.profiles] for p in c.protocols]
+    worst = max((r for row in grid for r in row if r is not None), default=1.0)
+    top = max(math.log2(worst), 1.0)
+    values = [[math.log2(r) if r is not None else math.nan for r in row] for row in grid]
+    fig, ax = plt.subplots(figsize=(1.9 + 2.0 * len(c.profiles), 0.9 + 0.55 * len(c.protocols)))
+    cmap = plt.get_cmap("RdYlGn_r").with_extremes(bad="#d9d9d9")
+    image = ax.imshow(values, cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
+    for i, protocol in enumerate(c.protocols):
+        for j, profile in enumerate(c.profiles):
+            secs, ratio = c.seconds.get((protocol, profile)), grid[i][j]
+            if (protocol, profile) not in c.seconds:
+                text = "not run"
+            elif secs is None:
+                text = "not reached"
+            else:
+                shown = f"{secs:.2f} s" if secs < 10 else f"{secs:.1f} s"
+                text = f"{shown}\n{ratio:.2f}x" if ratio is not None else shown
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color=_ink(image, values[i][j]))
+    ax.set_xticks(range(len(c.profiles)), c.profiles)
+    ax.set_yticks(range(len(c.protocols)), c.protocols)
+    ax.set_title(f"time to {target} (ratio to the best of each profile)", fontsize=10)
+    bar = fig.colorbar(image, ax=ax, fraction=0.04)
+    ticks = [t for t in range(0, int(top) + 1)]
+    bar.set_ticks(ticks, labels=[f"{2 ** t:g}x" for t in ticks])
+    fig.tight_layout()
+    return png(fig)
+
+
+def _ink(image: Any, value: float) -> str:
+    """Black or white, whichever reads better on the heatmap cell coloured for ``value``."""
+    if math.isnan(value):
+        return "black"
+    r, g, b, _ = image.cmap(image.norm(value))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def _median_by_step(trace: RunTrace) -> tuple[list[float], list[float]]:
+    """Median over workers of (bytes sent, training loss) per step."""
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in trace.records:
+        if r.loss is not None:
+            by_step[r.step].append((float(r.bytes_sent), r.loss))
+    steps = sorted(by_step)
+    return ([statistics.median(b for b, _ in by_step[s]) / 1e6 for s in steps],
+            [statistics.median(v for _, v in by_step[s]) for s in steps])
+
+
+def plot_loss_vs_bytes(traces: Sequence[RunTrace]) -> str | None:
+    """Training loss against MB sent per worker: one panel per profile, one line per protocol (lowest seed)."""
+    profiles = sorted({t.profile for t in traces if t.records})
+    if not profiles:
+        return None
+    cols = min(3, len(profiles))
+    rows = math.ceil(len(profiles) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[len(profiles):]:
+        ax.set_visible(False)
+    seed = min(t.seed for t in traces)
+    for ax, profile in zip(flat, profiles, strict=False):
+        for t in traces:
+            if t.profile == profile and t.seed == seed:
+                x, y = _median_by_step(t)
+                if x:
+                    ax.plot(x, y, label=f"{t.protocol} (w{t.workers})")
+        ax.set_title(profile)
+        ax.set_xlabel("MB sent per worker (median)")
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_bytes_to_target(c: Comparison, target: str) -> str | None:
+    """Grouped bars: MB per worker sent until ``target``, per profile, one bar per protocol."""
+    if all(v is None for v in c.bytes.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(1.5 + 2.2 * len(c.profiles), 3.4))
+    width = 0.8 / max(1, len(c.protocols))
+    for k, protocol in enumerate(c.protocols):
+        xs = [j + (k - (len(c.protocols) - 1) / 2) * width for j in range(len(c.profiles))]
+        ys = [(c.bytes.get((protocol, q)) or 0.0) / 1e6 for q in c.profiles]
+        bars = ax.bar(xs, ys, width=width, label=protocol)
+        for bar, q in zip(bars, c.profiles, strict=True):
+            value = c.bytes.get((protocol, q))
+            label = megabytes(value) if value is not None else ("not reached" if (protocol, q) in c.seconds else "")
+            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                        fontsize=6, rotation=90, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(c.profiles)), c.profiles)
+    ax.set_ylabel("MB sent per worker")
+    ax.set_title(f"bytes sent until {target}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return png(fig)

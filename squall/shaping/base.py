@@ -1,0 +1,79 @@
+"""The one interface every shaping backend implements, and the values that cross it.
+
+The harness hands a backend the cluster's endpoints once, then a :class:`LinkState` per change
+(initial application, each profile phase, each matrix cell, each churn event that touches links).
+A backend turns a state into kernel operations through a pure plan and applies them; ``apply``
+always receives the *whole* state, never a delta, so a backend may diff or rebuild as it likes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from squall.profiles import LinkSpec, NodeLinkSpec
+
+BACKENDS = ("netem", "nfqueue")
+
+
+class ShapingError(RuntimeError):
+    """Shaping could not be applied, changed or cleared, or a backend's helper died; says why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One container as the shaping layer sees it."""
+
+    index: int  # node index, 0..n-1
+    address: str  # data-plane IPv4 address
+    netns: str  # network namespace path, e.g. /proc/<pid>/ns/net
+    device: str = "eth0"  # the data-plane interface inside the namespace
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """Everything that should hold on the links of an n-node cluster at one moment."""
+
+    links: Mapping[tuple[int, int], LinkSpec]  # every ordered pair (src, dst), src != dst
+    node_links: Mapping[int, NodeLinkSpec] = field(default_factory=dict)  # shared up/downlink caps
+    blocked: frozenset[tuple[int, int]] = frozenset()  # directed pairs cut (link down, partition)
+
+
+@runtime_checkable
+class Shaper(Protocol):
+    """A shaping backend bound to one cluster's endpoints."""
+
+    backend: str  # "netem" or "nfqueue": recorded in every result
+
+    def apply(self, state: LinkState) -> None:
+        """Make the links behave as ``state`` says (first time or a change); all or nothing."""
+
+    def clear(self) -> None:
+        """Remove every qdisc, filter, rule and queue this shaper added; leave namespaces as found."""
+
+    def replace_endpoint(self, endpoint: Endpoint) -> None:
+        """A node restarted with a new namespace: re-apply its part of the current state there."""
+
+    def check(self) -> None:
+        """Raise :class:`ShapingError` when shaping silently stopped (e.g. the nfqueue daemon died)."""
+
+    def close(self) -> None:
+        """:meth:`clear`, then stop helpers; safe to call twice."""
+
+
+@runtime_checkable
+class MultiHostShaper(Shaper, Protocol):
+    """A shaper that can be one of several, one per host of a multi-host run (a swarm's node agents).
+
+    It is opened on every endpoint of the run, since its plan needs every address, but only some
+    endpoints' namespaces are on its host; :meth:`place` names the others. An endpoint elsewhere is
+    planned and never entered, as a namespace that is gone is, until :meth:`replace_endpoint` brings
+    one to this host.
+    """
+
+    def place(self, elsewhere: Collection[int]) -> None:
+        """The endpoints ``elsewhere`` run on other hosts: shape nothing in their namespaces here."""
+
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """An endpoint on another host restarted: take its new address, still enter nothing of it."""

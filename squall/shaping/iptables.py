@@ -1,0 +1,186 @@
+"""The run's iptables rules in one namespace: DROP (cut links), NFQUEUE (delay daemon), TEE (duplicates).
+
+Two chains per run in the ``mangle`` table, each entered by one jump at the top of its hook::
+
+    SQUALL-<run>-in   from PREROUTING:  -s <src> -j DROP ... then -s <src> -j NFQUEUE --queue-num q --queue-bypass
+    SQUALL-<run>-out  from POSTROUTING: -d <dst> -m statistic --mode random --probability p -j TEE --gateway <dst>
+
+Queues sit where packets arrive (DESIGN.md section 3) and DROP comes before them, so a cut link
+never reaches the daemon. ``--queue-bypass``: while no daemon serves a queue, its packets pass
+unshaped instead of being dropped (the backend's ``check`` turns that into a failure).
+
+Why not :func:`.nfqueue.rules.install`: that installs a fixed set of NFQUEUE rules with one
+process per rule. Here the set changes at run time (links cut and healed, links that become
+perfect leave the daemon) and must change atomically and fast, so every change is one
+``iptables-restore --noflush`` transaction per namespace: declaring a user chain flushes it, the
+new rules follow, and the jumps are touched only when the chains appear or go. The helpers of
+:mod:`.nfqueue.rules` (``iptables-save`` normalisation, table checks) and :mod:`.nfqueue.nft_table`
+(deleting the ``mangle`` table that iptables-nft creates and cannot remove) are reused, so a
+namespace is left exactly as found: ``iptables-save`` prints the same before and after.
+
+Commands run in the thread that entered the namespace (:mod:`.namespace`), so no ``nsenter``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from squall.shaping.base import ShapingError
+from squall.shaping.namespace import Namespace, NamespaceGone
+from squall.shaping.nfqueue import rules as nfq_rules
+from squall.shaping.nfqueue.errors import NfqueueError
+from squall.shaping.nfqueue.nft_table import delete_table
+from squall.shaping.ops import Hook, RuleOp
+
+TABLE = "mangle"
+MAX_CHAIN = 28  # XT_EXTENSION_MAXNAMELEN - 1
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+SUFFIX: dict[Hook, str] = {"PREROUTING": "in", "POSTROUTING": "out"}
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The run's chain names."""
+
+    run_id: str  # the run they belong to
+
+    def __post_init__(self) -> None:
+        longest = len(self.name("POSTROUTING"))
+        if not _RUN_ID.match(self.run_id) or longest > MAX_CHAIN:
+            raise ShapingError(
+                f"run id {self.run_id!r}: need [A-Za-z0-9_.-] and at most {MAX_CHAIN - longest + len(self.run_id)} "
+                "characters (iptables chain names)"
+            )
+
+    def name(self, hook: Hook) -> str:
+        """The chain jumped to from ``hook``."""
+        return f"SQUALL-{self.run_id}-{SUFFIX[hook]}"
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        """The hooks, in the order of the chains in a script."""
+        return ("PREROUTING", "POSTROUTING")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`sync` left in one namespace, which the next call needs."""
+
+    rules: tuple[RuleOp, ...]  # the rules in the chains now
+    created_table: bool  # the mangle table did not exist before the chains
+
+
+# ----------------------------------------------------------------------------- scripts (pure)
+
+
+def rule_args(op: RuleOp) -> str:
+    """The match and target of one rule, as ``iptables-restore`` reads them."""
+    if op.action == "DROP":
+        return f"-s {op.peer}/32 -j DROP"
+    if op.action == "NFQUEUE":
+        return f"-s {op.peer}/32 -j NFQUEUE --queue-num {op.queue} --queue-bypass"
+    return f"-d {op.peer}/32 -m statistic --mode random --probability {op.probability:.10f} -j TEE --gateway {op.peer}"
+
+
+def fill_script(chains: Chains, rules: Sequence[RuleOp], *, jumps: Sequence[Hook] = ()) -> str:
+    """Declare (and so flush) both chains, append the rules, insert the given jumps."""
+    lines = [f"*{TABLE}"]
+    lines += [f":{chains.name(hook)} - [0:0]" for hook in chains.hooks]
+    lines += [f"-A {chains.name(op.hook)} {rule_args(op)}" for op in rules]
+    lines += [f"-I {hook} 1 -j {chains.name(hook)}" for hook in jumps]
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+def remove_script(chains: Chains, jumps: Sequence[Hook]) -> str:
+    """Flush both chains, remove the given jumps, delete the chains."""
+    lines = [f"*{TABLE}"]
+    lines += [f":{chains.name(hook)} - [0:0]" for hook in chains.hooks]
+    lines += [f"-D {hook} -j {chains.name(hook)}" for hook in jumps]
+    lines += [f"-X {chains.name(hook)}" for hook in chains.hooks]
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+def present_jumps(save_text: str, chains: Chains) -> list[Hook]:
+    """Hooks whose jump to the run's chain appears in a normalized ``iptables-save``."""
+    lines = set(save_text.splitlines())
+    return [hook for hook in chains.hooks if f"-A {hook} -j {chains.name(hook)}" in lines]
+
+
+def has_chains(save_text: str, chains: Chains) -> bool:
+    """Whether the run's chains are declared in a normalized ``iptables-save``."""
+    return any(line.startswith(f":{chains.name(h)} ") for line in save_text.splitlines() for h in chains.hooks)
+
+
+# ----------------------------------------------------------------------------- execution (in the namespace)
+
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ShapingError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _save(table: str | None = None) -> str:
+    return nfq_rules.normalize_save(_run(["iptables-save"] + (["-t", table] if table else [])))
+
+
+def _restore(script: str) -> None:
+    _run(["iptables-restore", "-w", "--noflush"], script)
+
+
+def sync(
+    namespace: Namespace, chains: Chains, before: Installed | None, rules: Sequence[RuleOp], node: int
+) -> Installed | None:
+    """Make the run's chains in ``namespace`` hold ``rules``; return what is installed (None: nothing).
+
+    One ``iptables-restore`` transaction per call: the namespace sees the old rules or the new ones.
+    """
+    rules = tuple(rules)
+    if before is not None and before.rules == rules:
+        return before
+    try:
+        with namespace.entered():
+            if not rules:
+                if before is not None:
+                    _remove_here(chains, before.created_table)
+                return None
+            if before is None:
+                full = _save()
+                created = not nfq_rules.has_table(full, TABLE)
+                missing = [h for h in chains.hooks if h not in present_jumps(full, chains)]
+                _restore(fill_script(chains, rules, jumps=missing))
+                return Installed(rules, created)
+            _restore(fill_script(chains, rules))
+            return Installed(rules, before.created_table)
+    except NamespaceGone:
+        raise
+    except ShapingError as exc:
+        raise ShapingError(f"node {node}: iptables: {exc}") from exc
+
+
+def remove(namespace: Namespace, chains: Chains, installed: Installed | None, node: int) -> None:
+    """Remove the run's chains and jumps (and the mangle table if they created it)."""
+    if installed is None:
+        return
+    try:
+        with namespace.entered():
+            _remove_here(chains, installed.created_table)
+    except NamespaceGone:
+        raise
+    except ShapingError as exc:
+        raise ShapingError(f"node {node}: iptables: {exc}") from exc
+
+
+def _remove_here(chains: Chains, created_table: bool) -> None:
+    save = _save(TABLE)
+    if has_chains(save, chains):
+        _restore(remove_script(chains, present_jumps(save, chains)))
+    if created_table and nfq_rules.has_table(_save(), TABLE) and nfq_rules.table_is_empty(_save(TABLE)):
+        try:
+            delete_table("/proc/thread-self/ns/net", TABLE)
+        except (NfqueueError, OSError) as exc:
+            raise ShapingError(f"deleting the {TABLE} table: {exc}") from exc

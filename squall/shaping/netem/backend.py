@@ -1,0 +1,144 @@
+"""The netem backend: everything in the kernel, the preferred backend where ``sch_netem`` exists.
+
+Plan: :func:`.plan.plan_netem` (HTB classes per destination with netem leaves on each sender;
+cut links as iptables DROP in the receiver; IFB for downlink caps). Execution: :class:`.executor.Applier`
+(pyroute2 in each container's namespace). A change of link settings becomes ``change`` requests on
+the existing classes and netem qdiscs, which keep the packets they hold; only structural changes
+rebuild a device's tree. Nothing runs in user space, so there is nothing that can die: :meth:`check`
+only reports nodes left in an unknown state by a failed rollback.
+
+Duplication goes to iptables ``TEE`` in the sender (as the nfqueue backend does it), not to netem:
+current kernels (Debian's 6.1.192 among them, measured in the netem VM of ``scripts/netem-vm``)
+refuse a duplicating netem in a tree that holds another netem (``tc add qdisc netem``: EINVAL), and
+every node with two shaped destinations has such a tree. The clone leaves through the same HTB class
+and netem leaf, so it is delayed like the original. A *correlated* duplication stays with netem
+(iptables draws independently); the kernel then accepts it only on a node with one netem leaf.
+
+This kernel has no ``sch_netem``; :func:`.select.open_shaper` refuses the backend there (with the
+probe's reason) and the integration test is skipped only for that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+
+from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.executor import Applier, endpoint_of, locked
+from squall.shaping.ops import Netem, NodePlan, QdiscOp, RuleOp, TcOp
+from squall.shaping.plan import plan_netem, validated
+
+logger = logging.getLogger(__name__)
+
+
+class NetemShaper:
+    """Shapes a cluster's links with HTB + netem (and iptables DROP for cut links)."""
+
+    backend = "netem"
+
+    def __init__(self, endpoints: Sequence[Endpoint], *, run_id: str):
+        validated(endpoints, LinkState({}))
+        self.run_id = run_id
+        self._endpoints = {ep.index: ep for ep in endpoints}
+        self._applier = Applier(endpoints, run_id)
+        self._state: LinkState | None = None
+        self._closed = False
+        self._lock = threading.RLock()  # one change at a time (e.g. a churn thread and a phase change)
+
+    @locked
+    def apply(self, state: LinkState) -> None:
+        """Make the links behave as ``state`` says; all or nothing."""
+        self._require_open()
+        t0 = time.monotonic()
+        plans = duplication_by_tee(plan_netem(list(self._endpoints.values()), state), self._endpoints, state)
+        self._applier.apply(plans)
+        self._state = state
+        logger.info("netem: applied %d links on %d nodes in %.1f ms", len(state.links), len(plans),
+                    (time.monotonic() - t0) * 1e3)
+
+    @locked
+    def clear(self) -> None:
+        """Remove every qdisc, class, filter, device and rule this shaper added."""
+        self._applier.clear()
+        self._state = None
+
+    @locked
+    def replace_endpoint(self, endpoint: Endpoint) -> None:
+        """Node restarted: apply its part of the current state in its new namespace."""
+        self._require_open()
+        old = endpoint_of(self._endpoints, endpoint.index)
+        self._endpoints[endpoint.index] = endpoint
+        validated(list(self._endpoints.values()), LinkState({}))
+        self._applier.replace(endpoint)
+        if self._state is not None and old.address != endpoint.address:
+            self.apply(self._state)
+
+    @locked
+    def place(self, elsewhere: Collection[int]) -> None:
+        """The endpoints ``elsewhere`` run on other hosts (see :class:`~squall.shaping.base.MultiHostShaper`).
+
+        Netem shapes in the sender's namespace, so nothing else changes: a link to an endpoint
+        elsewhere is shaped here by its address, a link from one by that host's shaper.
+        """
+        self._require_open()
+        for index in elsewhere:
+            self._applier.elsewhere(endpoint_of(self._endpoints, index))
+
+    @locked
+    def replace_elsewhere(self, endpoint: Endpoint) -> None:
+        """An endpoint on another host restarted: re-plan this host's links to it if its address changed."""
+        self._require_open()
+        old = endpoint_of(self._endpoints, endpoint.index)
+        self._endpoints[endpoint.index] = endpoint
+        validated(list(self._endpoints.values()), LinkState({}))
+        self._applier.elsewhere(endpoint)
+        if self._state is not None and old.address != endpoint.address:
+            self.apply(self._state)
+
+    def check(self) -> None:
+        """Raise if a node was left in an unknown state; netem itself cannot die."""
+        if not self._closed:
+            self._applier.check()
+
+    @locked
+    def close(self) -> None:
+        """Clear; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.clear()
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ShapingError(f"the netem shaper of run {self.run_id} is closed")
+
+
+def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, Endpoint],
+                       state: LinkState) -> dict[int, NodePlan]:
+    """``plans`` with every uncorrelated duplication moved from the netem leaves to TEE rules in the sender.
+
+    Why: a kernel refuses a duplicating netem in a tree with another netem (see the module docstring).
+    """
+    out: dict[int, NodePlan] = {}
+    for node, plan in plans.items():
+        tees: list[RuleOp] = []
+        for dst, ep in endpoints.items():
+            spec = state.links.get((node, dst))
+            if dst == node or spec is None or spec.duplicate.percent == 0 or spec.duplicate.correlation_pct > 0:
+                continue
+            tees.append(RuleOp("POSTROUTING", "TEE", ep.address, probability=spec.duplicate.percent / 100))
+        if not tees:
+            out[node] = plan
+            continue
+        tc = tuple(_without_duplication(op) for op in plan.tc)
+        out[node] = dataclasses.replace(plan, tc=tc, rules=(*plan.rules, *tees))
+    return out
+
+
+def _without_duplication(op: TcOp) -> TcOp:
+    if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem) and op.qdisc.duplicate_corr_pct == 0:
+        return dataclasses.replace(op, qdisc=dataclasses.replace(op.qdisc, duplicate_pct=0.0))
+    return op

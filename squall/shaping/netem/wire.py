@@ -1,0 +1,179 @@
+"""netem's netlink options, encoded here because pyroute2's netem plugin cannot say enough.
+
+pyroute2 0.9.7 encodes only the fixed ``tc_netem_qopt`` plus correlation/reorder/rate; it has no
+Gilbert-Elliott loss, no delay distribution table and no 64-bit delay, and DESIGN.md notes that
+its netem rate was rejected by a kernel. So the tc executor sends netem qdiscs as raw
+``RTM_NEWQDISC`` messages built here (``linux/pkt_sched.h``)::
+
+    tcmsg       family u8 | pad u8 | pad u16 | ifindex i32 | handle u32 | parent u32 | info u32
+    TCA_KIND    "netem\\0"
+    TCA_OPTIONS struct tc_netem_qopt {latency, limit, loss, gap, duplicate, jitter}  (u32 each)
+                followed directly by attributes:
+                TCA_NETEM_CORR       {delay_corr, loss_corr, dup_corr}
+                TCA_NETEM_DELAY_DIST s16[] (the distribution table)
+                TCA_NETEM_REORDER    {probability, correlation}
+                TCA_NETEM_LOSS       nested: NETEM_LOSS_GE {p, r, h, k1}
+                TCA_NETEM_LATENCY64  s64 ns,  TCA_NETEM_JITTER64 s64 ns
+
+Probabilities are 32-bit fractions (``pct / 100 * (2**32 - 1)``). ``latency``/``jitter`` in the
+qopt are psched ticks (ns / 64); the 64-bit attributes carry the exact nanoseconds and win. For
+Gilbert-Elliott the kernel loses a packet in the bad state when a draw exceeds ``h``, so ``h`` is
+``1 - loss_bad`` and ``k1`` is ``loss_good`` (as ``tc ... loss gemodel p r 1-h 1-k`` sends them).
+``gap`` is 1 with reordering (with 0, netem never reorders).
+
+Every message carries the *whole* spec, because a real kernel's ``netem_change`` keeps what a
+message leaves out: without ``TCA_NETEM_CORR`` the old correlations stay, without
+``TCA_NETEM_REORDER`` the old reorder probability, and without ``TCA_NETEM_DELAY_DIST`` the old
+distribution table (and a table cannot be removed: an empty one is refused). So correlations and
+reordering are always sent, zeros included, and a jittered delay always carries a table,
+``uniform`` too (``2u - 1`` at 4096 midpoints: netem's own uniform draw on ``[-jitter, jitter)``
+to 1/2048 of the jitter); otherwise a link changed from ``normal`` jitter to ``uniform`` kept the
+normal law. Without jitter no table is needed (netem ignores it when the jitter is 0).
+
+Distribution tables hold ``NETEM_DIST_SCALE x`` the standardised quantiles (mean 0, standard
+deviation 1), 4096 entries, clamped to 16 bits (so tails beyond 4 standard deviations are cut):
+netem adds ``table[random] x jitter / 8192`` to the delay. The cut costs ``pareto`` a quarter of its
+spread (table standard deviation 0.74 instead of 1; the daemon's sampler is not cut), ``normal``
+nothing and ``paretonormal`` 2 %. They are computed here from the same
+laws as the delay daemon's samplers (:mod:`.nfqueue.jitter`), so both backends mean the same by
+``normal``, ``pareto`` and ``paretonormal``; iproute2's table files are not needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import struct
+
+from squall.shaping.distributions import pareto_from_tail
+from squall.shaping.ops import Netem
+
+RTM_NEWQDISC = 36
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+TCA_KIND = 1
+TCA_OPTIONS = 2
+TCA_NETEM_CORR = 1
+TCA_NETEM_DELAY_DIST = 2
+TCA_NETEM_REORDER = 3
+TCA_NETEM_LOSS = 5
+TCA_NETEM_LATENCY64 = 10
+TCA_NETEM_JITTER64 = 11
+NETEM_LOSS_GE = 2
+NETEM_DIST_SCALE = 8192
+DIST_TABLE_SIZE = 4096
+U32_MAX = 0xFFFFFFFF
+PSCHED_SHIFT = 6  # psched ticks are 64 ns
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_TCMSG = struct.Struct("=BBHiIII")
+_QOPT = struct.Struct("=6I")
+
+
+def prob_u32(pct: float) -> int:
+    """A percentage as the kernel's 32-bit fraction."""
+    return min(U32_MAX, max(0, round(pct / 100 * U32_MAX)))
+
+
+def ticks(us: int) -> int:
+    """Microseconds as psched ticks (64 ns), saturating at 32 bits."""
+    return min(U32_MAX, (us * 1000) >> PSCHED_SHIFT)
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    """One netlink attribute, padded to 4 bytes."""
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+def netem_options(netem: Netem) -> bytes:
+    """The payload of TCA_OPTIONS for a netem qdisc."""
+    gap = 1 if netem.reorder_pct else 0
+    loss = 0 if netem.gemodel is not None else prob_u32(netem.loss_pct)
+    out = _QOPT.pack(
+        ticks(netem.delay_us), netem.limit, loss, gap, prob_u32(netem.duplicate_pct), ticks(netem.jitter_us)
+    )
+    corr = (netem.delay_corr_pct, netem.loss_corr_pct, netem.duplicate_corr_pct)
+    out += attr(TCA_NETEM_CORR, struct.pack("=3I", *map(prob_u32, corr)))  # zeros too: a change resets them
+    if netem.jitter_us:
+        table = distribution_table(netem.distribution)
+        out += attr(TCA_NETEM_DELAY_DIST, struct.pack(f"={len(table)}h", *table))
+    reorder = (prob_u32(netem.reorder_pct), prob_u32(netem.reorder_corr_pct))
+    out += attr(TCA_NETEM_REORDER, struct.pack("=2I", *reorder))
+    if netem.gemodel is not None:
+        ge = netem.gemodel
+        fields = (ge.p_pct, ge.r_pct, 100 - ge.loss_bad_pct, ge.loss_good_pct)
+        out += attr(TCA_NETEM_LOSS, attr(NETEM_LOSS_GE, struct.pack("=4I", *map(prob_u32, fields))))
+    out += attr(TCA_NETEM_LATENCY64, struct.pack("=q", netem.delay_us * 1000))
+    out += attr(TCA_NETEM_JITTER64, struct.pack("=q", netem.jitter_us * 1000))
+    return out
+
+
+def qdisc_message(
+    *, index: int, handle: int, parent: int, kind: str, options: bytes, flags: int, seq: int
+) -> bytes:
+    """A whole ``RTM_NEWQDISC`` request."""
+    body = _TCMSG.pack(0, 0, 0, index, handle, parent, 0)
+    body += attr(TCA_KIND, kind.encode() + b"\0") + attr(TCA_OPTIONS, options)
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWQDISC, flags, seq, 0) + body
+
+
+def create_flags() -> int:
+    """Flags of an ``add`` (fails if the qdisc exists)."""
+    return NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+
+
+def change_flags() -> int:
+    """Flags of a ``change`` (the qdisc must exist; its whole spec is replaced)."""
+    return NLM_F_REQUEST | NLM_F_ACK
+
+
+# ----------------------------------------------------------------------------- distribution tables
+
+
+@functools.cache
+def distribution_table(name: str) -> tuple[int, ...]:
+    """The 4096-entry table for ``uniform`` (on [-1, 1)), ``normal``, ``pareto`` or ``paretonormal``."""
+    quantiles = _QUANTILES[name]()
+    return tuple(_scaled(q) for q in quantiles)
+
+
+def _scaled(value: float) -> int:
+    return max(-32768, min(32767, round(value * NETEM_DIST_SCALE)))
+
+
+def _midpoints(size: int) -> list[float]:
+    return [(i + 0.5) / size for i in range(size)]
+
+
+def _uniform() -> list[float]:
+    """Uniform on [-1, 1): netem's default law, as a table (so that a change can return to it)."""
+    return [2 * u - 1 for u in _midpoints(DIST_TABLE_SIZE)]
+
+
+def _normal() -> list[float]:
+    inv = statistics.NormalDist().inv_cdf
+    return [inv(u) for u in _midpoints(DIST_TABLE_SIZE)]
+
+
+def _pareto() -> list[float]:
+    return [pareto_from_tail(1.0 - u) for u in _midpoints(DIST_TABLE_SIZE)]
+
+
+def _paretonormal() -> list[float]:
+    """Quantiles of ``(0.25 P + 0.75 N) / sqrt(0.625)`` from a 256 x 256 grid of the two laws' quantiles."""
+    grid = 256
+    inv = statistics.NormalDist().inv_cdf
+    pareto = [pareto_from_tail(1.0 - u) for u in _midpoints(grid)]
+    normal = [inv(u) for u in _midpoints(grid)]
+    scale = 1.0 / math.sqrt(0.25**2 + 0.75**2)
+    mixed = sorted(scale * (0.25 * p + 0.75 * n) for p in pareto for n in normal)
+    step = len(mixed) // DIST_TABLE_SIZE
+    return [mixed[i * step + step // 2] for i in range(DIST_TABLE_SIZE)]
+
+
+_QUANTILES = {"uniform": _uniform, "normal": _normal, "pareto": _pareto, "paretonormal": _paretonormal}
+DISTRIBUTIONS = tuple(_QUANTILES)

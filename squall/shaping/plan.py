@@ -1,0 +1,307 @@
+"""The pure plan: ``(endpoints, LinkState)`` -> per-node kernel operations, one function per backend.
+
+Nothing here touches the kernel; every function is deterministic and table-tested.
+
+**netem** (:func:`plan_netem`). On each sender's device an HTB tree (see :mod:`.ops` for the
+handles): one class per shaped destination whose rate is the link's rate (or a ceiling far above
+any veth when the link has none), under the node's uplink class when it has an uplink cap; a u32
+filter on the destination address; a netem leaf with delay, jitter, loss, duplication, reordering
+and a large ``limit``. Rate lives in HTB, never in netem.
+
+**nfqueue** (:func:`plan_nfqueue`). Rates: the same HTB tree with FIFO leaves (sized by rate only,
+:func:`~.convert.fifo_limit`), only for links with a rate (or everything under an uplink cap).
+Delay, jitter, loss and reordering: in the receiving namespace one NFQUEUE per source peer (number
+``1 + source``), served by the delay daemon with :class:`~.nfqueue.config.LinkParams` converted from
+the LinkSpec. Duplication: an iptables TEE rule
+with a random ``statistic`` match on the sender (no correlation: iptables draws independently, so a
+duplicate correlation is rejected rather than ignored). A queue limit sizes the FIFO in front of a
+rate; on a link without a rate it is refused rather than ignored.
+
+**Which setting goes where** is the settings table's (:mod:`squall.profiles.settings`): each row
+names the carrier on each backend and what the backend refuses; :func:`check_links` raises
+:class:`ShapingError` for a refused part before anything is planned.
+
+**Both.** A blocked (cut) directed link is an iptables DROP in the receiver, before any queue. A
+downlink cap is an ingress redirect to an IFB device with its own HTB. Uplink caps: every child
+class is assured only its share ``uplink / children`` and may borrow up to ``min(link, uplink)``,
+so the children together never exceed the cap (HTB lets a class send its assured rate without
+asking its parent). A link with nothing to do produces no operation, and a node with nothing to do
+gets an empty :class:`~.ops.NodePlan`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+
+from squall.profiles import LinkSpec, NodeLinkSpec
+from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.convert import (
+    FIFO_LIMIT_FLOOR,
+    HTB_QUANTUM,
+    PERFECT,
+    UNLIMITED_BPS,
+    burst_bytes,
+    check_backend,
+    check_rate,
+    check_spec,
+    delays_in_daemon,
+    fifo_limit,
+    label,
+    link_params,
+    needs_netem,
+    netem_qdisc,
+)
+from squall.shaping.nfqueue.config import MAX_QUEUE
+from squall.shaping.ops import (
+    DEFAULT_MINOR,
+    ETH_P_ALL,
+    ETH_P_IP,
+    INGRESS_HANDLE,
+    IPV4_DST_OFFSET,
+    MAX_NODES,
+    ROOT_MAJOR,
+    TC_H_INGRESS,
+    TC_H_ROOT,
+    UPLINK_MINOR,
+    ClassOp,
+    DeviceOp,
+    FilterOp,
+    Htb,
+    Ingress,
+    NodePlan,
+    Pfifo,
+    Qdisc,
+    QdiscOp,
+    QueueOp,
+    RuleOp,
+    TcOp,
+    U32Match,
+    handle,
+    ifb_name,
+    peer_minor,
+)
+
+ROOT = handle(ROOT_MAJOR)  # 1:
+QUEUE_BASE = 1  # NFQUEUE number of source s is QUEUE_BASE + s
+DOWNLINK_FIFO_LIMIT = 1_000  # packets queued in front of a downlink cap
+
+# A leaf for one destination: (rate that limits it or None, the qdisc under its class)
+Leaf = tuple[int | None, Qdisc]
+
+
+def queue_number(source: int) -> int:
+    """The NFQUEUE that carries packets from node ``source`` (in every receiving namespace)."""
+    return QUEUE_BASE + source
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validated(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, Endpoint]:
+    """Endpoints by index, after checking the endpoints and the state; raise :class:`ShapingError`."""
+    by_index: dict[int, Endpoint] = {}
+    addresses: set[str] = set()
+    for ep in endpoints:
+        _check_endpoint(ep)
+        if ep.index in by_index:
+            raise ShapingError(f"two endpoints have index {ep.index}")
+        if ep.address in addresses:
+            raise ShapingError(f"two endpoints have address {ep.address}")
+        by_index[ep.index] = ep
+        addresses.add(ep.address)
+    for (src, dst), spec in state.links.items():
+        _check_pair(src, dst, by_index, "links")
+        check_spec(spec, label(src, dst))
+    for src, dst in state.blocked:
+        _check_pair(src, dst, by_index, "blocked")
+    for node, caps in state.node_links.items():
+        if node not in by_index:
+            raise ShapingError(f"node_links: node {node} is not an endpoint")
+        if not isinstance(caps, NodeLinkSpec):
+            raise ShapingError(f"node_links[{node}]: expected a NodeLinkSpec, got {type(caps).__name__}")
+        check_rate(caps.uplink_bps, f"node {node} uplink")
+        check_rate(caps.downlink_bps, f"node {node} downlink")
+    return dict(sorted(by_index.items()))
+
+
+def _check_endpoint(ep: Endpoint) -> None:
+    if not isinstance(ep.index, int) or not 0 <= ep.index <= MAX_NODES:
+        raise ShapingError(f"endpoint index {ep.index!r} outside [0, {MAX_NODES}]")
+    try:
+        address = ipaddress.ip_address(ep.address)
+    except ValueError as exc:
+        raise ShapingError(f"endpoint {ep.index}: {exc}") from None
+    if address.version != 4:
+        raise ShapingError(f"endpoint {ep.index}: only IPv4 is shaped, got {ep.address}")
+    if not ep.device or len(ep.device) > 15 or "/" in ep.device:
+        raise ShapingError(f"endpoint {ep.index}: bad device name {ep.device!r}")
+    if queue_number(ep.index) > MAX_QUEUE:
+        raise ShapingError(f"endpoint {ep.index}: queue number {queue_number(ep.index)} > {MAX_QUEUE}")
+
+
+def _check_pair(src: int, dst: int, known: Mapping[int, Endpoint], where: str) -> None:
+    if src == dst:
+        raise ShapingError(f"{where}: {label(src, dst)} is a loop")
+    for node in (src, dst):
+        if node not in known:
+            raise ShapingError(f"{where}: {label(src, dst)}: node {node} is not an endpoint")
+
+
+def check_links(state: LinkState, backend: str) -> None:
+    """Raise :class:`ShapingError` for the first link asking for something ``backend`` refuses."""
+    for (src, dst), spec in sorted(state.links.items()):
+        check_backend(spec, backend, label(src, dst))
+
+
+def _spec(state: LinkState, src: int, dst: int) -> LinkSpec:
+    """The link's settings; a pair the state leaves out is a perfect link."""
+    return state.links.get((src, dst), PERFECT)
+
+
+# ----------------------------------------------------------------------------- the two backends
+
+
+def plan_netem(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NodePlan]:
+    """Per-node operations for the netem backend (HTB + u32 + netem leaves; DROP for cut links)."""
+    eps = validated(endpoints, state)
+    check_links(state, "netem")
+    plans: dict[int, NodePlan] = {}
+    for ep in eps.values():
+        caps = state.node_links.get(ep.index, NodeLinkSpec())
+        leaves: dict[int, Leaf] = {}
+        for dst in eps:
+            spec = _spec(state, ep.index, dst)
+            if dst != ep.index and needs_netem(spec):
+                rate = _limiting_rate(spec.rate_bps, caps.uplink_bps)
+                leaves[dst] = (spec.rate_bps, netem_qdisc(spec, rate))
+        tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
+        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(drop_rules(ep.index, state, eps)))
+    return plans
+
+
+def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NodePlan]:
+    """Per-node operations for the nfqueue backend (HTB rates, daemon queues, DROP and TEE rules)."""
+    eps = validated(endpoints, state)
+    check_links(state, "nfqueue")
+    plans: dict[int, NodePlan] = {}
+    for ep in eps.values():
+        caps = state.node_links.get(ep.index, NodeLinkSpec())
+        leaves: dict[int, Leaf] = {}
+        for dst in eps:
+            spec = _spec(state, ep.index, dst)
+            if dst != ep.index and spec.rate_bps is not None:
+                limit = fifo_limit(spec, min(spec.rate_bps, caps.uplink_bps or spec.rate_bps))
+                leaves[dst] = (spec.rate_bps, Pfifo(limit))
+        tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
+        queues = receive_queues(ep.index, state, eps)
+        rules = drop_rules(ep.index, state, eps) + queue_rules(queues) + tee_rules(ep.index, state, eps)
+        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(rules), tuple(queues))
+    return plans
+
+
+PLANNERS: dict[str, Callable[[Sequence[Endpoint], LinkState], dict[int, NodePlan]]] = {
+    "netem": plan_netem,
+    "nfqueue": plan_nfqueue,
+}
+
+
+def _limiting_rate(link_bps: int | None, uplink_bps: int | None) -> int | None:
+    rates = [r for r in (link_bps, uplink_bps) if r is not None]
+    return min(rates) if rates else None
+
+
+# ----------------------------------------------------------------------------- tc trees
+
+
+def egress_tree(
+    device: str, leaves: Mapping[int, Leaf], uplink_bps: int | None, eps: Mapping[int, Endpoint]
+) -> list[TcOp]:
+    """HTB root, optional uplink class, default class, then class + leaf + filter per destination."""
+    if not leaves and uplink_bps is None:
+        return []
+    ops: list[TcOp] = [QdiscOp(device, TC_H_ROOT, ROOT, Htb(default_minor=DEFAULT_MINOR))]
+    top = ROOT
+    cap = uplink_bps if uplink_bps is not None else UNLIMITED_BPS
+    share = cap
+    if uplink_bps is not None:
+        top = handle(ROOT_MAJOR, UPLINK_MINOR)
+        ops.append(_class(device, top, ROOT, uplink_bps, uplink_bps))
+        share = max(8, uplink_bps // (len(leaves) + 1))  # the default class counts as a child
+    default = handle(ROOT_MAJOR, DEFAULT_MINOR)
+    ops.append(_class(device, default, top, share, cap))
+    ops.append(QdiscOp(device, default, handle(DEFAULT_MINOR), Pfifo(FIFO_LIMIT_FLOOR)))
+    for dst, (rate_bps, leaf) in sorted(leaves.items()):
+        classid = handle(ROOT_MAJOR, peer_minor(dst))
+        ceil = min(rate_bps if rate_bps is not None else UNLIMITED_BPS, cap)
+        ops.append(_class(device, classid, top, min(share, ceil), ceil))
+        ops.append(QdiscOp(device, classid, handle(peer_minor(dst)), leaf))
+        ops.append(dst_filter(device, dst, eps[dst].address, classid))
+    return ops
+
+
+def _class(device: str, classid: int, parent: int, rate_bps: int, ceil_bps: int) -> ClassOp:
+    return ClassOp(
+        device, classid, parent, rate_bps, ceil_bps, burst_bytes(rate_bps), burst_bytes(ceil_bps), HTB_QUANTUM
+    )
+
+
+def dst_filter(device: str, dst: int, address: str, classid: int) -> FilterOp:
+    """u32 filter sending packets for ``address`` to ``classid``, at priority ``1 + dst``."""
+    value = int(ipaddress.IPv4Address(address))
+    return FilterOp(device, ROOT, 1 + dst, ETH_P_IP, U32Match(value, 0xFFFFFFFF, IPV4_DST_OFFSET), target=classid)
+
+
+def downlink_tree(device: str, downlink_bps: int | None) -> list[TcOp]:
+    """IFB device with an HTB cap, then the ingress qdisc and the redirect of every packet to it."""
+    if downlink_bps is None:
+        return []
+    ifb = ifb_name(device)
+    default = handle(ROOT_MAJOR, DEFAULT_MINOR)
+    return [
+        DeviceOp(ifb, "ifb"),
+        QdiscOp(ifb, TC_H_ROOT, ROOT, Htb(default_minor=DEFAULT_MINOR)),
+        _class(ifb, default, ROOT, downlink_bps, downlink_bps),
+        QdiscOp(ifb, default, handle(DEFAULT_MINOR), Pfifo(DOWNLINK_FIFO_LIMIT)),
+        QdiscOp(device, TC_H_INGRESS, INGRESS_HANDLE, Ingress()),
+        FilterOp(device, INGRESS_HANDLE, 1, ETH_P_ALL, None, redirect=ifb),
+    ]
+
+
+# ----------------------------------------------------------------------------- rules and queues
+
+
+def drop_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
+    """In the receiver: DROP everything from each source whose link to it is cut."""
+    return [RuleOp("PREROUTING", "DROP", eps[src].address) for src in eps if (src, node) in state.blocked]
+
+
+def receive_queues(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[QueueOp]:
+    """In the receiver: one daemon queue per source whose link the daemon must shape."""
+    queues = []
+    for src in eps:
+        if src == node:
+            continue
+        params = link_params(_spec(state, src, node), label(src, node))
+        if delays_in_daemon(params):
+            queues.append(QueueOp(queue_number(src), src, eps[src].address, params))
+    return queues
+
+
+def queue_rules(queues: Sequence[QueueOp]) -> list[RuleOp]:
+    """NFQUEUE rules for the queues (after the DROP rules in the same chain)."""
+    return [RuleOp("PREROUTING", "NFQUEUE", q.address, queue=q.queue) for q in queues]
+
+
+def tee_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
+    """In the sender: TEE a random share of the packets to each destination whose link duplicates.
+
+    A duplicate correlation is refused before this (:func:`check_links`: iptables draws independently).
+    """
+    rules = []
+    for dst in eps:
+        spec = _spec(state, node, dst)
+        if dst == node or spec.duplicate.percent == 0:
+            continue
+        rules.append(RuleOp("POSTROUTING", "TEE", eps[dst].address, probability=spec.duplicate.percent / 100))
+    return rules

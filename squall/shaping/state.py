@@ -1,0 +1,58 @@
+"""The link state a profile asks for at one moment: :func:`state_at` (pure).
+
+``links`` and ``node_links`` come from the profile's base links and the phase in force at ``at``.
+``blocked`` replays the churn events that happened up to and including ``at``, in their order:
+
+* ``link_down`` cuts its directed links, ``link_up`` restores them;
+* ``partition`` cuts every directed link between different groups; a later ``partition`` replaces
+  the earlier one (the world is split the new way), ``heal`` ends it;
+* a cut from ``link_down`` and one from a partition are independent: healing the partition does
+  not restore a link that is down, and ``link_up`` does not cross a partition.
+
+Node churn (kill, pause, restart) is the cluster's business and changes no link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from squall.profiles import ChurnEvent, ChurnKind, NodeLinkSpec, Profile
+from squall.shaping.base import LinkState
+
+Pair = tuple[int, int]
+
+
+def state_at(profile: Profile, n: int, at: float) -> LinkState:
+    """Everything that should hold on the links of an n-node cluster ``at`` seconds into the run."""
+    if n < 1:
+        raise ValueError(f"a cluster needs at least one node, got n={n}")
+    if not math.isfinite(at) or at < 0:
+        raise ValueError(f"'at' must be a finite time >= 0, got {at!r}")
+    links = profile.links(n, at)
+    caps = {node: profile.node_link(node, n, at) for node in range(n)}
+    node_links = {node: spec for node, spec in caps.items() if spec != NodeLinkSpec()}
+    events = profile.churn_events(n, duration=math.nextafter(at, math.inf))  # every event with at_s <= at
+    return LinkState(links=links, node_links=node_links, blocked=blocked_after(events))
+
+
+def blocked_after(events: Iterable[ChurnEvent]) -> frozenset[Pair]:
+    """Directed links cut once ``events`` (in time order) have happened."""
+    down: set[Pair] = set()
+    split: frozenset[Pair] = frozenset()
+    for event in events:
+        if event.kind == ChurnKind.LINK_DOWN:
+            down.update(event.links)
+        elif event.kind == ChurnKind.LINK_UP:
+            down.difference_update(event.links)
+        elif event.kind == ChurnKind.PARTITION:
+            split = partition_pairs(event.groups)
+        elif event.kind == ChurnKind.HEAL:
+            split = frozenset()
+    return frozenset(down) | split
+
+
+def partition_pairs(groups: Iterable[Iterable[int]]) -> frozenset[Pair]:
+    """Every directed pair of nodes that sit in different groups."""
+    member = {node: g for g, group in enumerate(groups) for node in group}
+    return frozenset((a, b) for a in member for b in member if member[a] != member[b])
