@@ -5,9 +5,9 @@ steps of exchanges without gradients every rank holds the mean of everyone's par
 ``n`` is a power of two. A rank whose partner does not exist (``n`` not a power of two) keeps its
 own parameters for that step.
 
-The module runs inside the worker containers: it may import ``protocols`` (Squall's transport,
-wire and common layers) but never ``harness``. ``main`` is the entry point Squall is given as
-``"myproto.protocol:main"``.
+The module runs inside the worker containers: it may import Squall's worker side (its transport,
+wire and training layers) but never the host side (cluster, shaping, experiment). ``main`` is the
+entry point Squall is given as ``"myproto.protocol:main"``.
 """
 
 from __future__ import annotations
