@@ -21,7 +21,7 @@ Async drivers:
 * :mod:`~squall.protocols.moshpit.hivemind_ref`: hivemind 1.1.12 on the same grid, as a job, for the
   benchmark (only in the optional ``squall-hivemind`` image).
 
-Measured figures and the claim data for the registry: ``squall/protocols/moshpit/CLAIMS.md``.
+The algorithm, the paper's claims, our checks and what they measured: ``docs/protocols/moshpit.md``.
 """
 
 from __future__ import annotations
