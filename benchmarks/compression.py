@@ -18,8 +18,8 @@ sequential one-way latencies, alpha the profile's delay, B its rate per link, ``
 rank's bytes leave on side by side: ``n - 1`` for all-gather and all-to-all, 1 for a ring); ``x bound``
 well below 1 would mean the measurement or the model is wrong (the emulated delay and rate are good to
 a few per cent: rows below 0.95 are listed). Where the fp16 ring ran beside the two-step all-reduces, a
-line per cell gives PROTOCOLS.md T8.2's verdict (INT8 <= 0.6x, INT4 <= 0.4x the fp16 ring, neither below
-its bound).
+line per cell gives the low-bit speed claim's verdict (T8.2 of docs/protocols/lowbit.md: INT8 <= 0.6x,
+INT4 <= 0.4x the fp16 ring, neither below its bound).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-#: PROTOCOLS.md T8.2: the two-step all-reduce's time over the fp16 ring's, at most.
+#: T8.2 (docs/protocols/lowbit.md): the two-step all-reduce's time over the fp16 ring's, at most.
 T82_LIMITS = {"int8": 0.6, "int4": 0.4}
 
 

@@ -5,7 +5,7 @@ each size, one call after another of every algorithm of ``algorithms``:
 
 ==============  ================================================================================
 ``dense``       our float32 ring all-reduce (:func:`~squall.collectives.ring_allreduce`)
-``dense16``     the same ring over the vector in float16: the yardstick of PROTOCOLS.md T8.2 (an fp16 ring)
+``dense16``     the same ring over the vector in float16: the yardstick of T8.2 (an fp16 ring; docs/protocols/lowbit.md)
 ``top_k``       Top-K with indices by all-gather (:func:`~squall.collectives.sparse.topk_allgather`)
 ``rand_k``      shared-seed Rand-K, index-free ring (:func:`~squall.collectives.sparse.randk_allreduce`)
 ``arc``         ARC-Top-K: sketch ring, then rows ring (:func:`~squall.collectives.sparse.arc_allreduce`)

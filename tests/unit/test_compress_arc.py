@@ -1,4 +1,4 @@
-"""ARC-Top-K (PROTOCOLS.md T6.1, T6.2): identical rows on every worker, contraction of the aggregate,
+"""ARC-Top-K (docs/protocols/compression.md, T6.1, T6.2): identical rows on every worker, contraction of the aggregate,
 bytes per step against the formulas, the paper's reshaping, and the heterogeneous synthetic."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_t6_2_arc_beats_local_top_k_tenfold_and_stays_within_10x_of_uncompressed
                  for v in ("uncompressed", "local_topk", "arc_topk")}
     assert distances["arc_topk"] <= 0.1 * distances["local_topk"], distances
     assert distances["arc_topk"] <= 10 * distances["uncompressed"], distances
-    assert distances["local_topk"] > 0.05, distances  # local Top-K's error floor (PROTOCOLS.md: 0.059-0.140)
+    assert distances["local_topk"] > 0.05, distances  # local Top-K's error floor (docs/protocols/compression.md: 0.059-0.140)
 
 
 @pytest.mark.parametrize("reshape", ["task", "flat"])

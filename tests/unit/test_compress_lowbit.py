@@ -1,5 +1,5 @@
-"""Low-bit all-reduce (PROTOCOLS.md T8.1): relative error of INT8/INT4, flat in the number of ranks for
-the two-step, growing for the per-hop ring; bytes per rank against section 8.3's table; a peer's bad
+"""Low-bit all-reduce (docs/protocols/lowbit.md, T8.1): relative error of INT8/INT4, flat in the number of ranks for
+the two-step, growing for the per-hop ring; bytes per rank against the table of docs/protocols/README.md; a peer's bad
 payload is refused."""
 
 from __future__ import annotations

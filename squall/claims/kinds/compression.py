@@ -1,4 +1,4 @@
-"""Compressed communication's pure-maths claims (PROTOCOLS.md 6 and 8), measured in-process (no containers).
+"""Compressed communication's pure-maths claims (docs/protocols/compression.md, lowbit.md), measured in-process (no containers).
 
 Each kind calls the protocol's own experiment function, named in ``params`` as
 ``"package.module:function"`` (so the claim tests the code the workers run and this module names no

@@ -1,4 +1,4 @@
-"""Claims of training under packet loss (PROTOCOLS.md 7) measured in containers on real dropped packets.
+"""Claims of training under packet loss (docs/protocols/lossy_sgd.md) measured in containers on real dropped packets.
 
 ``drift_bounded`` (T7.2): ``fast`` (a protocol whose owners record their share of the drift, see
 :func:`squall.checks.drift.owner_drift_series`) runs on each of ``profiles`` (one seed each of

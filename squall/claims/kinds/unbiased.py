@@ -1,6 +1,6 @@
 """``unbiased``: an aggregation estimator's statistical claims, measured in-process (no containers).
 
-For training under packet loss (PROTOCOLS.md 7, T7.1): ``params.estimators`` names the protocol's own
+For training under packet loss (docs/protocols/lossy_sgd.md, T7.1): ``params.estimators`` names the protocol's own
 trial function (``"package.module:function"``, so the claim tests the code that runs in the workers
 and this module names no protocol), called as ``fn(blocks, loss, trials, *, estimator, seed,
 symmetric=False) -> (trials, dim) array`` of reconstructions of the mean of ``blocks`` (one row per

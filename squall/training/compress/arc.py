@@ -15,7 +15,7 @@ indices. ARC-Top-K makes the choice global and cheap instead. Per step and per g
 With an exact sketch (``V = I``) row selection is linear in the gradients, ``mean_i C(G_i) =
 C(mean_i G_i)``, and picking the top rows of the mean contracts the aggregate:
 ``||C(G) - G||^2 <= (1 - k/rows) ||G||^2`` (:func:`contraction_ratio`). A rank-``r`` sketch keeps
-this approximately (Johnson-Lindenstrauss): PROTOCOLS.md T6.1 checks it within a slack of 1.1.
+this approximately (Johnson-Lindenstrauss): T6.1 (docs/protocols/compression.md) checks it within a slack of 1.1.
 
 Shapes, as the paper's DDP hook does them (:func:`matrix_shape`): a 2-d tensor is its own matrix;
 a tensor of more dimensions with last dimension ``t`` is viewed as ``(d / 2t^2, 2t^2)``; a 1-d

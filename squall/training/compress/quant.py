@@ -11,7 +11,7 @@ why fine groups (128) keep INT8 within about 1 % and INT4 within about 15 % of a
 ``z`` is rounded down and ``s`` up to float16 so that no element is clipped by the rounding.
 
 Wire bytes: ``b/8`` per element plus 4 per group (two float16): INT8 with groups of 128 is
-0.258 of float32, INT4 0.133 (PROTOCOLS.md section 0's table). 4-bit codes are packed two per byte
+0.258 of float32, INT4 0.133 (docs/protocols/README.md, compressed payloads). 4-bit codes are packed two per byte
 (:func:`~squall.training.compress.lattice.pack_codes`).
 
 Payload: parameters ``bits`` (4 or 8) and ``group``; arrays ``codes`` (uint8, packed),
