@@ -1,4 +1,4 @@
-"""Non-blocking SGD on 6 real containers with heterogeneous devices (T5.1 of docs/protocols/nonblocking.md, scaled down).
+"""Non-blocking SGD on 6 real containers with heterogeneous devices (T5.1, docs/protocols/nonblocking.md, scaled).
 
 Profile (test-local): 10 ms / 100 Mbit/s links; 80 ms nominal steps, i.e. b = 4 micro-batches of 20 ms,
 with 10 % noise; nodes 0 and 1 three times slower (60 ms micro-batches). A fast worker finishes its 4

@@ -1,4 +1,6 @@
-"""Compressed communication's pure-maths claims (docs/protocols/compression.md, lowbit.md), measured in-process (no containers).
+"""Compressed communication's pure-maths claims, measured in-process (no containers).
+
+The claims: docs/protocols/compression.md and docs/protocols/lowbit.md.
 
 Each kind calls the protocol's own experiment function, named in ``params`` as
 ``"package.module:function"`` (so the claim tests the code the workers run and this module names no

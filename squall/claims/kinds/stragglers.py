@@ -1,4 +1,6 @@
-"""Straggler claims (DropCompute, docs/protocols/dropcompute.md): robustness at equal steps, overhead against scale, threshold.
+"""Straggler claims (DropCompute): robustness at equal steps, overhead against scale, threshold.
+
+The claims: docs/protocols/dropcompute.md.
 
 ``straggler_robustness`` (T4.1): ``fast`` (a thresholded protocol) and ``slow`` (the same without a
 threshold) run the same steps interleaved over seeds on one profile. From step ``params.from_step`` on:
@@ -20,7 +22,8 @@ of its first value.
 ``threshold_choice`` (T4.2): the automatic threshold of ``fast`` lies within ``params.band`` x M t0
 (t0: the median micro-batch time the choice was made from) and the realised effective speed-up is
 within ``params.effective_rel`` of the predicted one. The band is on the time a worker at nominal
-speed ends its compute (the planning simulation of docs/protocols/dropcompute.md counts a micro-batch only if it *ends* by tau).
+speed ends its compute (the planning simulation of docs/protocols/dropcompute.md counts a micro-batch
+only if it *ends* by tau).
 With ``params.threshold_at: start`` (DropCompute's runtime here, like the paper code, checks the
 timer before a micro-batch *starts*, so a started one runs to its end) that end is tau + t0, and the
 position reported is (tau + t0) / (M t0); with ``end`` it is tau / (M t0).
