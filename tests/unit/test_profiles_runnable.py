@@ -12,7 +12,7 @@ import pytest
 
 from squall.cli.profiles import VALIDATE_WORKERS, main
 from squall.cluster import ClusterSpec, ClusterSpecError
-from squall.profiles import PROFILE_DIR, LinkSpec, Profile, ProfileError, load_profile, parse_profile
+from squall.profiles import LinkSpec, Profile, ProfileError, load_profile, parse_profile
 from squall.profiles.bounds import (
     MAX_DELAY_US,
     MAX_JITTER_US,
@@ -25,6 +25,7 @@ from squall.profiles.churn import MAX_CHURN_DRAWS, likely_most
 from squall.profiles.model import Jitter
 from squall.profiles.settings import out_of_bounds
 from squall.shaping.convert import UNLIMITED_BPS
+from tests.unit.traced_profiles import shipped_params
 
 HEAD = "name: t\ndescription: a test profile\n"
 FAST_CHURN = "churn: {random: [{kind: kill, rate: 1/1us, downtime: 1s, seed: 1}]}"
@@ -308,7 +309,7 @@ def test_the_upper_count_is_above_the_mean() -> None:
 # ----------------------------------------------------------------------------- shipped profiles
 
 
-@pytest.mark.parametrize("path", sorted(PROFILE_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", shipped_params())
 def test_every_shipped_profile_still_validates(path: Path) -> None:
     profile = load_profile(path)
     for n in profile.sizes_to_check(VALIDATE_WORKERS):
