@@ -114,7 +114,7 @@ def _cmd_image_status(args: argparse.Namespace) -> int:
 
 def _cmd_image_prune(args: argparse.Namespace) -> int:
     from squall.cluster.engine import docker_client
-    from squall.cluster.image import prune_images
+    from squall.cluster.image_prune import prune_images
 
     removed, errors = prune_images(docker_client(), dry_run=args.dry_run)
     if args.json:

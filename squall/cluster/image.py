@@ -72,7 +72,8 @@ class AptSource:
     suites: tuple[str, ...]  # e.g. ("bookworm", "bookworm-updates")
 
 
-def _digest(parts: Iterable[str | bytes]) -> str:
+def digest(parts: Iterable[str | bytes]) -> str:
+    """A short hash of ``parts`` in order: the tag of an image built from them."""
     h = hashlib.sha256()
     for part in parts:
         h.update(part.encode() if isinstance(part, str) else part)
@@ -98,14 +99,14 @@ def _read_recipe(path: Path) -> bytes:
 
 def bootstrap_tag() -> str:
     """Tag of the debootstrap base: a hash of the script, the suite and the package list."""
-    return f"{BASE_REPO}:" + _digest(
+    return f"{BASE_REPO}:" + digest(
         [_read_recipe(DEBOOTSTRAP_SCRIPT), BOOTSTRAP_SUITE, " ".join(BOOTSTRAP_PACKAGES)]
     )
 
 
 def worker_tag(base_identity: str) -> str:
     """Tag of the worker image: a hash of the Dockerfile, the requirements and the base."""
-    return f"{WORKER_REPO}:" + _digest([_read_recipe(DOCKERFILE), _read_recipe(REQUIREMENTS), base_identity])
+    return f"{WORKER_REPO}:" + digest([_read_recipe(DOCKERFILE), _read_recipe(REQUIREMENTS), base_identity])
 
 
 def parse_apt_sources(texts: Iterable[tuple[str, str]]) -> list[AptSource]:
@@ -245,53 +246,9 @@ def current_worker_tag(client: Any) -> str | None:
     return tag if _image_id(client, tag) else None
 
 
-def stale_images(client: Any) -> list[str]:
-    """Squall images built for inputs that are no longer current (left by earlier builds): the
-    worker, its base, the swarm node agent, and the Docker-in-Docker node images (whose tags hash
-    their own recipes, not the worker's inputs)."""
-    from squall.cluster.swarm import dind_image
-    from squall.cluster.swarm.agent_image import REPO as AGENT_REPO
-    from squall.cluster.swarm.agent_image import agent_tag
-
-    keep: set[str] = set()
-    repos = {WORKER_REPO, BASE_REPO, AGENT_REPO}
-    try:
-        keep |= {dind_image.root_tag(), dind_image.node_tag()}
-        repos |= {dind_image.ROOT_REPO, dind_image.NODE_REPO}
-    except OSError as exc:  # the node recipe is not there: which node image is current is unknown
-        logger.debug("node images left alone: %s", exc)
-    current = current_worker_tag(client)
-    if current is not None:
-        keep.add(current)
-        keep.add(choose_base(client).tag)
-        keep.add(agent_tag(current))  # the swarm engine's node agent, built on the current worker image
-    stale = []
-    for img in client.images.list(filters={"dangling": False}):
-        for tag in img.tags:
-            if tag.split(":")[0] in repos and tag not in keep:
-                stale.append(tag)
-    return sorted(stale)
-
-
-def prune_images(client: Any, *, dry_run: bool = False) -> tuple[list[str], list[str]]:
-    """Remove :func:`stale_images`; returns (removed, errors). An image still in use is kept."""
-    removed: list[str] = []
-    errors: list[str] = []
-    for tag in stale_images(client):
-        if dry_run:
-            removed.append(tag)
-            continue
-        try:
-            client.images.remove(tag)
-            removed.append(tag)
-        except DockerException as exc:
-            errors.append(f"{tag}: {exc}")
-    return removed, errors
-
-
 def variant_tag(repo: str, base_tag: str, recipe_dir: Path, files: Iterable[str]) -> str:
     """The tag of an image built on ``base_tag`` from ``recipe_dir``'s ``files``: a hash of all of them."""
-    return f"{repo}:{_digest([base_tag, *((recipe_dir / name).read_bytes() for name in files)])}"
+    return f"{repo}:{digest([base_tag, *((recipe_dir / name).read_bytes() for name in files)])}"
 
 
 def ensure_variant_image(

@@ -15,7 +15,8 @@ from typing import Any
 
 from docker.errors import ImageNotFound
 
-from squall.cluster.image import BASE_REPO, WORKER_REPO, choose_base, prune_images, stale_images
+from squall.cluster.image import BASE_REPO, WORKER_REPO, choose_base
+from squall.cluster.image_prune import prune_images, stale_images
 from squall.cluster.swarm import dind_image
 from squall.cluster.swarm.agent_image import REPO as AGENT_REPO
 from squall.cluster.swarm.agent_image import agent_tag

@@ -22,7 +22,7 @@ from typing import Any
 from docker.errors import DockerException, ImageNotFound
 
 from squall.cluster.errors import ImageError
-from squall.cluster.image import BOOTSTRAP_SUITE, CONTAINERS_DIR, DEBOOTSTRAP_SCRIPT, _digest, apt_mirror
+from squall.cluster.image import BOOTSTRAP_SUITE, CONTAINERS_DIR, DEBOOTSTRAP_SCRIPT, apt_mirror, digest
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ PACKAGES = ("docker.io", "iptables", "iproute2", "procps", "ca-certificates", "k
 
 def root_tag() -> str:
     """The debootstrap root's tag: a hash of the script, the suite and the package list."""
-    return f"{ROOT_REPO}:" + _digest([DEBOOTSTRAP_SCRIPT.read_bytes(), BOOTSTRAP_SUITE, " ".join(PACKAGES)])
+    return f"{ROOT_REPO}:" + digest([DEBOOTSTRAP_SCRIPT.read_bytes(), BOOTSTRAP_SUITE, " ".join(PACKAGES)])
 
 
 def node_tag() -> str:
     """The node image's tag: a hash of the root's tag and the recipe files."""
-    return f"{NODE_REPO}:" + _digest([root_tag(), *((RECIPE_DIR / f).read_bytes() for f in RECIPE_FILES)])
+    return f"{NODE_REPO}:" + digest([root_tag(), *((RECIPE_DIR / f).read_bytes() for f in RECIPE_FILES)])
 
 
 def _present(client: Any, tag: str) -> bool:
