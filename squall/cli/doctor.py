@@ -178,7 +178,7 @@ def engine_facts() -> tuple[EngineFacts, Any]:
 def gather() -> Facts:
     """Read the engine, the kernel (probes undone at once), the image and the host."""
     from squall.cluster.image import current_worker_tag
-    from squall.shaping.kernel_probe import netem_probe
+    from squall.shaping.select import netem_probe
 
     engine, client = engine_facts()
     image = current_worker_tag(client) if client is not None else None

@@ -4,7 +4,7 @@ That is: containers, networks and (swarm engine) services and secrets labelled `
 (with them go Docker's host iptables rules and bridge of the network), the manager's entries of
 emulated swarm nodes (:mod:`squall.cluster.swarm.dind`; their containers are among the above),
 the run's state directory, and what its shaper keeps on the host (the nfqueue delay daemon and its work directory,
-:mod:`squall.shaping.leftovers`). The daemons are stopped first: their sockets would keep the
+:func:`squall.shaping.select.host_leftovers`). The daemons are stopped first: their sockets would keep the
 dead containers' network namespaces alive. A swarm Squall initialised is left once no live run
 uses it (:mod:`squall.cluster.swarm.membership`). Everything is judged by run id and owner (pid
 + start time), so a live run is never touched.
@@ -26,7 +26,7 @@ from docker.errors import APIError, NotFound
 from squall.cluster.engine import ENGINE_ERRORS
 from squall.cluster.errors import ClusterError
 from squall.cluster.ownership import LABEL_RUN, LABEL_STATE, Owner, read_owner, state_root
-from squall.shaping import leftovers
+from squall.shaping.base import HostLeftover
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def leftover_is_stale(run_id: str, *, dead: set[str], live: set[str], owner_aliv
     return not owner_alive
 
 
-def _owner_alive(leftover: leftovers.Leftover) -> bool | None:
+def _owner_alive(leftover: HostLeftover) -> bool | None:
     if leftover.owner_pid is not None and leftover.owner_start is not None:
         return Owner(socket.gethostname(), leftover.owner_pid, leftover.owner_start).alive()
     try:
@@ -131,17 +131,19 @@ def _owner_alive(leftover: leftovers.Leftover) -> bool | None:
 
 def _shaper_leftovers(report: GcReport, *, dead: set[str], live: set[str], everything: bool,
                       dry_run: bool) -> None:
-    """Stop the delay daemons of dead runs and delete their work directories."""
-    for leftover in leftovers.find():
+    """Stop the shapers' helpers (the nfqueue delay daemons) of dead runs and delete their work directories."""
+    from squall.shaping.select import host_leftovers  # the backends: pyroute2, only when collecting
+
+    for leftover in host_leftovers():
         if not leftover_is_stale(leftover.run_id, dead=dead, live=live, owner_alive=_owner_alive(leftover),
                                  everything=everything):
             continue
         if not dry_run:
-            report.errors += leftovers.remove(leftover)
+            report.errors += leftover.remove()
         report.stopped_daemons += leftover.daemons
         report.removed_workdirs.append(str(leftover.workdir))
-        logger.info("run %s: stopped %d nfqueue daemon(s), removed %s", leftover.run_id, len(leftover.daemons),
-                    leftover.workdir)
+        logger.info("run %s: stopped %d %s daemon(s), removed %s", leftover.run_id, len(leftover.daemons),
+                    leftover.backend, leftover.workdir)
 
 
 def _orphan_dirs(report: GcReport, *, dead_or_unknown: bool, dry_run: bool, known: set[str]) -> None:

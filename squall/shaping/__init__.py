@@ -8,30 +8,31 @@ Typical use::
     shaper.check()               # raises if shaping silently stopped
     shaper.close()               # clear + stop helpers
 
-Modules: ``base`` (the interface), ``state`` (profile -> LinkState), ``ops`` and ``plan`` (pure:
-LinkState -> per-node operations), ``convert`` (units), ``tcdiff`` (old ops -> steps),
-``netem_wire`` (netem's netlink options), ``namespace`` (entering a namespace), ``tc`` and
-``iptables`` (executors), ``executor`` (all-or-nothing over nodes), ``netem_backend`` and
-``nfqueue_backend``, ``probe`` (does the kernel have netem), ``select`` (``open_shaper``), and the
-``nfqueue`` package (the delay daemon).
+Generic modules: ``base`` (the interface), ``state`` (profile -> LinkState), ``ops`` and ``plan``
+(pure: the operations both backends share), ``convert`` (checks against the settings table, HTB
+sizes), ``tcdiff`` (old ops -> steps), ``netlink`` (message framing), ``namespace`` and ``netns``
+(entering a namespace), ``tc``, ``iptables`` and ``nft_table`` (executors), ``executor``
+(all-or-nothing over nodes), ``kernel_probe`` (does the kernel take a qdisc), ``features``,
+``lan``/``testbed``/``echo_probe`` (namespaces and probes for tests and benchmarks). The backends
+are self-contained packages: ``netem`` (its leaf, wire encoding, plan, probe and shaper) and
+``nfqueue`` (its plan, the delay daemon, the bridge hold, its host leftovers). Only ``select``
+imports them: ``open_shaper``, ``netem_probe`` and ``host_leftovers`` are the way in.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, Shaper, ShapingError
 from squall.shaping.ops import NodePlan
-from squall.shaping.plan import plan_netem, plan_nfqueue
 from squall.shaping.state import state_at
 
 if TYPE_CHECKING:
-    from squall.shaping.kernel_probe import netem_available, netem_probe
-    from squall.shaping.select import open_shaper
+    from squall.shaping.select import netem_available, netem_probe, open_shaper
 
 # Imported on first use: they pull in pyroute2, which layers that only need the interface
 # (``squall.cluster`` imports ``squall.shaping.base``) should not pay for.
 _LAZY = {
-    "netem_available": "squall.shaping.kernel_probe",
-    "netem_probe": "squall.shaping.kernel_probe",
+    "netem_available": "squall.shaping.select",
+    "netem_probe": "squall.shaping.select",
     "open_shaper": "squall.shaping.select",
 }
 
@@ -54,7 +55,5 @@ __all__ = [
     "netem_available",
     "netem_probe",
     "open_shaper",
-    "plan_netem",
-    "plan_nfqueue",
     "state_at",
 ]

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 
 BACKENDS = ("netem", "nfqueue")
+
+#: A stand-in namespace file whose name starts with this marks an endpoint that runs on another
+#: machine (a swarm run's node agent makes one): a multi-host shaper enters nothing there, and the
+#: nfqueue backend finds no bridge for it and holds no packet for it.
+ELSEWHERE_PREFIX = "squall-elsewhere-"
+
+
+def elsewhere(netns: str) -> bool:
+    """Whether an endpoint's namespace path is the stand-in for one on another machine."""
+    return Path(netns).name.startswith(ELSEWHERE_PREFIX)
 
 
 class ShapingError(RuntimeError):
@@ -77,3 +88,39 @@ class MultiHostShaper(Shaper, Protocol):
 
     def replace_elsewhere(self, endpoint: Endpoint) -> None:
         """An endpoint on another host restarted: take its new address, still enter nothing of it."""
+
+
+@runtime_checkable
+class HostLeftover(Protocol):
+    """What a shaper of one run keeps on the host outside the containers, found after the run is gone.
+
+    ``squall gc`` lists them with :func:`squall.shaping.select.host_leftovers` and removes those of
+    dead runs; it judges a run by its id and by the owner recorded here (pid and start time).
+    """
+
+    @property
+    def backend(self) -> str:
+        """The backend that left it."""
+
+    @property
+    def run_id(self) -> str:
+        """The run its shaper belonged to."""
+
+    @property
+    def workdir(self) -> Path:
+        """The shaper's work directory on the host (it may be gone while a helper process lives)."""
+
+    @property
+    def owner_pid(self) -> int | None:
+        """Pid of the process that owned the shaper; None when unrecorded."""
+
+    @property
+    def owner_start(self) -> float | None:
+        """That process's start time (``psutil`` ``create_time``)."""
+
+    @property
+    def daemons(self) -> tuple[int, ...]:
+        """Pids of the helper processes still running for it."""
+
+    def remove(self) -> list[str]:
+        """Stop the helpers and remove everything; return what could not be removed, with why."""

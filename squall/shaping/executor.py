@@ -19,6 +19,7 @@ namespace after a restart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -122,7 +123,7 @@ class Applier:
         node = self.nodes[index]
         rules = node.rules.rules if node.rules else ()
         plan = node.wanted or NodePlan(index, node.endpoint.device)
-        return NodePlan(index, node.endpoint.device, node.tc, rules, plan.queues)
+        return dataclasses.replace(plan, tc=node.tc, rules=rules)  # what a backend adds to a plan is kept
 
     def _needs(self, index: int, plan: NodePlan) -> bool:
         node = self.nodes[index]

@@ -7,7 +7,7 @@ thread (:func:`.probe.in_scratch_namespace`): nothing is named in ``/var/run/net
 made there disappears with the namespace when the thread goes home, even after an error. Only what
 cannot be made without changing the host is *read*: ``br_netfilter`` (its sysctls under
 ``/proc/sys/net/bridge``), IPVS (``/proc/net/ip_vs``) and the NFQUEUE netlink family
-(``/proc/net/netfilter/nfnetlink_queue``). ``sch_netem`` comes from :func:`.probe.netem_probe`.
+(``/proc/net/netfilter/nfnetlink_queue``). ``sch_netem`` comes from :func:`.select.netem_probe`.
 
 Creating a qdisc or a rule may make the kernel load its module, as a run would; a module loaded
 stays loaded (that is the kernel's state, not an object Squall made). ``squall doctor`` shows the
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from squall.shaping.kernel_probe import in_scratch_namespace, netem_probe
+from squall.shaping.kernel_probe import in_scratch_namespace
+from squall.shaping.select import netem_probe
 
 logger = logging.getLogger(__name__)
 

@@ -1,22 +1,18 @@
-"""The run's iptables rules in one namespace: DROP (cut links), NFQUEUE (delay daemon), TEE (duplicates).
+"""The run's iptables rules in one container namespace: DROP (cut links) and TEE (duplicates).
 
 Two chains per run in the ``mangle`` table, each entered by one jump at the top of its hook::
 
-    SQUALL-<run>-in   from PREROUTING:  -s <src> -j DROP ... then -s <src> -j NFQUEUE --queue-num q --queue-bypass
+    SQUALL-<run>-in   from PREROUTING:  -s <src> -j DROP
     SQUALL-<run>-out  from POSTROUTING: -d <dst> -m statistic --mode random --probability p -j TEE --gateway <dst>
 
-Queues sit where packets arrive (DESIGN.md section 3) and DROP comes before them, so a cut link
-never reaches the daemon. ``--queue-bypass``: while no daemon serves a queue, its packets pass
-unshaped instead of being dropped (the backend's ``check`` turns that into a failure).
-
-Why not :func:`.nfqueue.rules.install`: that installs a fixed set of NFQUEUE rules with one
-process per rule. Here the set changes at run time (links cut and healed, links that become
-perfect leave the daemon) and must change atomically and fast, so every change is one
+Both backends use them (a backend's own rules elsewhere, such as the nfqueue backend's hold chain
+on the bridge, are its own). The set changes at run time (links cut and healed, duplication
+switched on and off) and must change atomically and fast, so every change is one
 ``iptables-restore --noflush`` transaction per namespace: declaring a user chain flushes it, the
-new rules follow, and the jumps are touched only when the chains appear or go. The helpers of
-:mod:`.nfqueue.rules` (``iptables-save`` normalisation, table checks) and :mod:`.nfqueue.nft_table`
-(deleting the ``mangle`` table that iptables-nft creates and cannot remove) are reused, so a
-namespace is left exactly as found: ``iptables-save`` prints the same before and after.
+new rules follow, and the jumps are touched only when the chains appear or go. A namespace is left
+exactly as found, ``iptables-save`` prints the same before and after: the ``iptables-save``
+helpers here (normalisation, table checks) tell whether the run's chains created the ``mangle``
+table, and :mod:`.nft_table` deletes that table again (iptables-nft cannot).
 
 Commands run in the thread that entered the namespace (:mod:`.namespace`), so no ``nsenter``.
 """
@@ -30,14 +26,13 @@ from dataclasses import dataclass
 
 from squall.shaping.base import ShapingError
 from squall.shaping.namespace import Namespace, NamespaceGone
-from squall.shaping.nfqueue import rules as nfq_rules
-from squall.shaping.nfqueue.errors import NfqueueError
-from squall.shaping.nfqueue.nft_table import delete_table
+from squall.shaping.nft_table import delete_table
 from squall.shaping.ops import Hook, RuleOp
 
 TABLE = "mangle"
 MAX_CHAIN = 28  # XT_EXTENSION_MAXNAMELEN - 1
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_BASE_CHAIN = re.compile(r"^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT \[0:0\]$")
 SUFFIX: dict[Hook, str] = {"PREROUTING": "in", "POSTROUTING": "out"}
 
 
@@ -80,8 +75,6 @@ def rule_args(op: RuleOp) -> str:
     """The match and target of one rule, as ``iptables-restore`` reads them."""
     if op.action == "DROP":
         return f"-s {op.peer}/32 -j DROP"
-    if op.action == "NFQUEUE":
-        return f"-s {op.peer}/32 -j NFQUEUE --queue-num {op.queue} --queue-bypass"
     return f"-d {op.peer}/32 -m statistic --mode random --probability {op.probability:.10f} -j TEE --gateway {op.peer}"
 
 
@@ -114,6 +107,27 @@ def has_chains(save_text: str, chains: Chains) -> bool:
     return any(line.startswith(f":{chains.name(h)} ") for line in save_text.splitlines() for h in chains.hooks)
 
 
+def normalize_save(text: str) -> str:
+    """``iptables-save`` output without comments and with counters zeroed, for comparisons."""
+    lines = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        lines.append(re.sub(r"\[\d+:\d+\]", "[0:0]", line))
+    return "\n".join(lines)
+
+
+def has_table(save_text: str, table: str = TABLE) -> bool:
+    """Whether a full ``iptables-save`` lists ``table`` (``-t`` would print it even when absent)."""
+    return f"*{table}" in save_text.splitlines()
+
+
+def table_is_empty(save_text: str) -> bool:
+    """Whether a normalized ``iptables-save -t mangle`` shows only base chains with ACCEPT policy."""
+    body = [line for line in normalize_save(save_text).splitlines() if line not in ("*mangle", "COMMIT")]
+    return all(_BASE_CHAIN.match(line) for line in body)
+
+
 # ----------------------------------------------------------------------------- execution (in the namespace)
 
 
@@ -125,7 +139,7 @@ def _run(argv: list[str], stdin: str | None = None) -> str:
 
 
 def _save(table: str | None = None) -> str:
-    return nfq_rules.normalize_save(_run(["iptables-save"] + (["-t", table] if table else [])))
+    return normalize_save(_run(["iptables-save"] + (["-t", table] if table else [])))
 
 
 def _restore(script: str) -> None:
@@ -150,7 +164,7 @@ def sync(
                 return None
             if before is None:
                 full = _save()
-                created = not nfq_rules.has_table(full, TABLE)
+                created = not has_table(full, TABLE)
                 missing = [h for h in chains.hooks if h not in present_jumps(full, chains)]
                 _restore(fill_script(chains, rules, jumps=missing))
                 return Installed(rules, created)
@@ -179,8 +193,8 @@ def _remove_here(chains: Chains, created_table: bool) -> None:
     save = _save(TABLE)
     if has_chains(save, chains):
         _restore(remove_script(chains, present_jumps(save, chains)))
-    if created_table and nfq_rules.has_table(_save(), TABLE) and nfq_rules.table_is_empty(_save(TABLE)):
+    if created_table and has_table(_save(), TABLE) and table_is_empty(_save(TABLE)):
         try:
             delete_table("/proc/thread-self/ns/net", TABLE)
-        except (NfqueueError, OSError) as exc:
+        except OSError as exc:
             raise ShapingError(f"deleting the {TABLE} table: {exc}") from exc

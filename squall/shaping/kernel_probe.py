@@ -1,20 +1,19 @@
-"""Does this kernel have ``sch_netem``? Ask it: add a netem qdisc in a scratch namespace.
+"""Does this kernel take a qdisc? Ask it: add one in a scratch namespace.
 
-The probe runs on a thread of its own that ``unshare(CLONE_NEWNET)``s into a brand-new, unnamed
-namespace, creates a veth pair there, sends the same raw ``RTM_NEWQDISC`` netem request the
-backend would send (:mod:`.netem_wire`), then goes back to the host namespace. The scratch
-namespace has no name and no other user, so it disappears as soon as the thread's sockets are
-closed: nothing is created in ``/var/run/netns`` and nothing can be left behind, even on an error.
-
-The answer is cached per process; :func:`netem_probe` also says why netem is missing (no such
-qdisc, not root, ...), for the error :func:`.select.open_shaper` raises when netem is forced.
+:func:`probe_leaf` runs on a thread of its own that ``unshare(CLONE_NEWNET)``s into a brand-new,
+unnamed namespace, creates a veth pair there, sends the same raw ``RTM_NEWQDISC`` request the tc
+executor would send for a backend's leaf qdisc (:class:`~.tc.RawQdiscSender`), then goes back to
+the host namespace. The scratch namespace has no name and no other user, so it disappears as soon
+as the thread's sockets are closed: nothing is created in ``/var/run/netns`` and nothing can be
+left behind, even on an error. The answer says why the qdisc is missing (no such qdisc, not root,
+...). The netem backend asks it about netem (:func:`squall.shaping.select.netem_probe`);
+:func:`in_scratch_namespace` serves other kernel checks (:mod:`.features`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import logging
 import os
 import socket
@@ -25,9 +24,10 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute
 
+from squall.shaping.netlink import NETLINK_ROUTE
 from squall.shaping.netns import CLONE_NEWNET
-from squall.shaping.ops import TC_H_ROOT, Netem, QdiscOp, handle
-from squall.shaping.tc import NETLINK_ROUTE, NetemSender
+from squall.shaping.ops import TC_H_ROOT, LeafQdisc, QdiscOp, handle
+from squall.shaping.tc import RawQdiscSender
 
 logger = logging.getLogger(__name__)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -36,25 +36,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Whether netem works here, and why not."""
+    """Whether a qdisc works here, and why not."""
 
-    available: bool  # a netem qdisc could be added
+    available: bool  # the qdisc could be added
     reason: str  # what happened, for logs and errors
 
 
-@functools.cache
-def netem_probe() -> ProbeResult:
-    """Try netem once per process (see the module docstring)."""
-    result = in_scratch_namespace(_try_netem, lambda why: ProbeResult(False, why), name="squall-netem-probe")
-    if result is None:
-        result = ProbeResult(False, "the probe thread died")
-    logger.info("netem probe: %s (%s)", "available" if result.available else "unavailable", result.reason)
-    return result
-
-
-def netem_available() -> bool:
-    """Whether the netem backend can run on this kernel (cached)."""
-    return netem_probe().available
+def probe_leaf(leaf: LeafQdisc, *, name: str) -> ProbeResult:
+    """Whether this kernel adds ``leaf`` (see the module docstring); ``name`` names the probe's thread."""
+    result = in_scratch_namespace(lambda: _try_leaf(leaf), lambda why: ProbeResult(False, why), name=name)
+    return result if result is not None else ProbeResult(False, "the probe thread died")
 
 
 def in_scratch_namespace(work: Callable[[], T], refused: Callable[[str], T], *, name: str) -> T | None:
@@ -86,23 +77,22 @@ def in_scratch_namespace(work: Callable[[], T], refused: Callable[[str], T], *, 
     return box[0] if box else None
 
 
-def _try_netem() -> ProbeResult:
+def _try_leaf(leaf: LeafQdisc) -> ProbeResult:
     route = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
     raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
     try:
         with IPRoute(use_socket=route) as ipr:
             ipr.link("add", ifname="sqprobe0", kind="veth", peer="sqprobe1")
             index = int(ipr.link_lookup(ifname="sqprobe0")[0])
-            netem = Netem(delay_us=1000)
-            NetemSender(raw).send(index, QdiscOp("sqprobe0", TC_H_ROOT, handle(1), netem), netem, create=True)
-            return ProbeResult(True, "added a netem qdisc in a scratch namespace")
+            RawQdiscSender(raw).send(index, QdiscOp("sqprobe0", TC_H_ROOT, handle(1), leaf), leaf, create=True)
+            return ProbeResult(True, f"added a {leaf.kind} qdisc in a scratch namespace")
     except Exception as exc:  # pyroute2's NetlinkError is no OSError
         code = getattr(exc, "code", None) or getattr(exc, "errno", None)
         if code == errno.ENOENT:
-            return ProbeResult(False, "the kernel has no sch_netem qdisc (RTM_NEWQDISC netem: ENOENT)")
+            return ProbeResult(False, f"the kernel has no sch_{leaf.kind} qdisc (RTM_NEWQDISC {leaf.kind}: ENOENT)")
         if code == errno.EPERM:
             return ProbeResult(False, "not allowed to add qdiscs (needs root / CAP_NET_ADMIN)")
-        return ProbeResult(False, f"adding a netem qdisc failed: {exc}")
+        return ProbeResult(False, f"adding a {leaf.kind} qdisc failed: {exc}")
     finally:
         route.close()
         raw.close()

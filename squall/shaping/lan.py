@@ -1,6 +1,6 @@
 """Hosts on one bridge, like a cluster's containers, in plain namespaces: for tests and benchmarks (root).
 
-Built on :class:`.nfqueue.testbed.Testbed` (names ``<prefix>-<hex>-<key>``, processes tracked,
+Built on :class:`.testbed.Testbed` (names ``<prefix>-<hex>-<key>``, processes tracked,
 everything deleted by ``close``, also after an exception)::
 
     h0 (10.78.0.2) ─┐
@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from squall.shaping.base import Endpoint
 from squall.shaping.echo_probe import ProbeResult, probe, realtime
-from squall.shaping.nfqueue.rules import normalize_save
+from squall.shaping.iptables import normalize_save
 from squall.shaping.testbed import Testbed
 
 PROBE_PRIORITY = 5  # SCHED_FIFO of the probing thread: as the echo servers, below the delay daemon

@@ -2,7 +2,7 @@
 
 ``iptables -t mangle -N CHAIN`` on the nf_tables backend creates the whole ``ip mangle`` table with
 its five base chains, and deleting the chain leaves them behind. To leave a namespace exactly as
-it was found, the rules helper deletes the table again when it created it and it is empty. There
+it was found, the iptables helpers delete the table again when it created it and it is empty. There
 is no ``nft`` binary here, so this sends the one message itself, inside a batch as nf_tables
 requires::
 
@@ -17,10 +17,8 @@ import os
 import socket
 import struct
 
+from squall.shaping.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, attr, wait_ack
 from squall.shaping.netns import socket_in
-
-from .errors import NetlinkError
-from .netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
 
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN = 0x10
@@ -29,13 +27,12 @@ NFT_MSG_DELTABLE = NFNL_SUBSYS_NFTABLES << 8 | 2
 NFTA_TABLE_NAME = 1
 NFPROTO_IPV4 = 2
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _NFGENMSG = struct.Struct("!BBH")
 
 
 def _msg(kind: int, *, flags: int, seq: int, family: int, res_id: int, payload: bytes = b"") -> bytes:
     body = _NFGENMSG.pack(family, 0, res_id) + payload
-    return _NLMSGHDR.pack(16 + len(body), kind, flags, seq, 0) + body
+    return NLMSGHDR.pack(16 + len(body), kind, flags, seq, 0) + body
 
 
 def delete_table_batch(table: str, seq: int, family: int = NFPROTO_IPV4) -> bytes:
@@ -68,23 +65,15 @@ def delete_table_batch(table: str, seq: int, family: int = NFPROTO_IPV4) -> byte
 
 
 def delete_table(netns: str, table: str = "mangle", family: int = NFPROTO_IPV4) -> None:
-    """Delete ``table`` (and whatever it still holds) in the namespace at ``netns``."""
+    """Delete ``table`` (and whatever it still holds) in the namespace at ``netns``; raise OSError."""
     sock = socket_in(netns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:
         sock.settimeout(5.0)
         sock.bind((0, 0))
         seq = 1
         sock.send(delete_table_batch(table, seq, family))
-        while True:
-            data = sock.recv(65536)
-            off = 0
-            while off + 20 <= len(data):
-                length, kind, _, msg_seq, _ = _NLMSGHDR.unpack_from(data, off)
-                if kind == NLMSG_ERROR and msg_seq == seq + 1:
-                    code = struct.unpack_from("=i", data, off + 16)[0]
-                    if code:
-                        raise NetlinkError(-code, f"delete nft table {table}: {os.strerror(-code)}")
-                    return
-                off += max(16, (length + 3) & ~3)
+        code = wait_ack(sock, seq + 1)
+        if code:
+            raise OSError(code, f"delete nft table {table}: {os.strerror(code)}")
     finally:
         sock.close()

@@ -4,9 +4,11 @@ A :class:`NodePlan` says everything one node's namespace must hold for one :clas
 
 * ``tc``: devices, qdiscs, classes and filters, in creation order (a parent before its children,
   a class before the filter that points at it, the IFB device before the redirect to it);
-* ``rules``: iptables rules in the run's own chains (``DROP`` for cut links, ``NFQUEUE`` to the
-  delay daemon, ``TEE`` for duplication);
-* ``queues``: the NFQUEUE numbers the delay daemon serves in this namespace and what each link does.
+* ``rules``: iptables rules in the run's own chains (``DROP`` for cut links, ``TEE`` for duplication).
+
+A backend adds what is its own: a leaf qdisc the generic executor sends as it is told
+(:class:`LeafQdisc`, e.g. netem's), or more per node (the nfqueue backend's daemon queues, in a
+subclass of :class:`NodePlan`).
 
 Handles follow one scheme so plans are easy to read next to ``tc -s class show``::
 
@@ -23,10 +25,7 @@ destination (``1 + d``), so one destination's filter can be removed without touc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from squall.profiles import GilbertElliott
-from squall.shaping.nfqueue.config import LinkParams
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 TC_H_ROOT = 0xFFFFFFFF  # parent of a device's root qdisc
 TC_H_INGRESS = 0xFFFFFFF1  # parent of the ingress qdisc
@@ -69,10 +68,26 @@ def ifb_name(device: str) -> str:
 # ----------------------------------------------------------------------------- qdiscs
 
 
+@runtime_checkable
+class LeafQdisc(Protocol):
+    """A backend's own leaf qdisc: the tc executor sends it as a raw ``RTM_NEWQDISC`` (:mod:`.netlink`).
+
+    It must be a frozen value (plans are compared and diffed); changing one replaces its whole spec.
+    """
+
+    @property
+    def kind(self) -> str:
+        """The qdisc's kind, as the kernel names it (``TCA_KIND``), e.g. ``netem``."""
+
+    def options(self) -> bytes:
+        """Its ``TCA_OPTIONS`` payload."""
+
+
 @dataclass(frozen=True)
 class Htb:
     """An HTB root qdisc."""
 
+    kind: ClassVar[str] = "htb"
     default_minor: int  # unclassified traffic goes to class 1:<default_minor>
 
 
@@ -80,6 +95,7 @@ class Htb:
 class Pfifo:
     """A packet FIFO leaf."""
 
+    kind: ClassVar[str] = "pfifo"
     limit: int  # packets
 
 
@@ -87,26 +103,10 @@ class Pfifo:
 class Ingress:
     """The ingress qdisc (hook for the redirect to IFB)."""
 
-
-@dataclass(frozen=True)
-class Netem:
-    """A netem leaf; times in integer microseconds, chances in percent 0-100 as in ``tc``."""
-
-    delay_us: int = 0  # constant delay
-    jitter_us: int = 0  # uniform half-width, or the standard deviation with a table
-    distribution: str = "uniform"  # uniform (no table), normal, pareto, paretonormal
-    delay_corr_pct: float = 0.0  # correlation of successive jitter draws
-    loss_pct: float = 0.0  # random loss
-    loss_corr_pct: float = 0.0  # its correlation
-    gemodel: GilbertElliott | None = None  # bursty loss instead of random loss
-    duplicate_pct: float = 0.0  # chance a packet is sent twice
-    duplicate_corr_pct: float = 0.0  # its correlation
-    reorder_pct: float = 0.0  # chance a packet skips the delay
-    reorder_corr_pct: float = 0.0  # its correlation
-    limit: int = 1000  # packets netem may hold (delayed plus queued)
+    kind: ClassVar[str] = "ingress"
 
 
-Qdisc = Htb | Pfifo | Ingress | Netem
+Qdisc = Htb | Pfifo | Ingress | LeafQdisc
 
 
 # ----------------------------------------------------------------------------- tc operations
@@ -169,10 +169,10 @@ class FilterOp:
 TcOp = DeviceOp | QdiscOp | ClassOp | FilterOp
 
 
-# ----------------------------------------------------------------------------- iptables and queues
+# ----------------------------------------------------------------------------- iptables
 
 Hook = Literal["PREROUTING", "POSTROUTING"]
-Action = Literal["DROP", "NFQUEUE", "TEE"]
+Action = Literal["DROP", "TEE"]
 
 
 @dataclass(frozen=True)
@@ -180,20 +180,9 @@ class RuleOp:
     """One iptables rule in the run's chain for ``hook`` (mangle table) of one namespace."""
 
     hook: Hook  # PREROUTING: where packets arrive (matched by source); POSTROUTING: leaving (by destination)
-    action: Action  # DROP (cut link), NFQUEUE (delay daemon) or TEE (duplicate)
+    action: Action  # DROP (cut link) or TEE (duplicate)
     peer: str  # the other node's address: source in PREROUTING, destination in POSTROUTING
-    queue: int | None = None  # NFQUEUE: queue number
     probability: float | None = None  # TEE: chance per packet, 0-1
-
-
-@dataclass(frozen=True)
-class QueueOp:
-    """One NFQUEUE the delay daemon serves: the packets from one source peer."""
-
-    queue: int  # queue number in the receiving namespace
-    source: int  # the sending node's index
-    address: str  # the sending node's address (what the NFQUEUE rule matches)
-    params: LinkParams  # what the link does to them (fractions, microseconds)
 
 
 @dataclass(frozen=True)
@@ -204,9 +193,8 @@ class NodePlan:
     device: str  # the data-plane interface
     tc: tuple[TcOp, ...] = ()  # in creation order
     rules: tuple[RuleOp, ...] = ()  # in chain order per hook
-    queues: tuple[QueueOp, ...] = ()  # delay daemon queues (nfqueue backend only)
 
     @property
     def empty(self) -> bool:
         """Whether the node needs nothing at all."""
-        return not (self.tc or self.rules or self.queues)
+        return not (self.tc or self.rules)

@@ -1,38 +1,32 @@
-"""The pure plan: ``(endpoints, LinkState)`` -> per-node kernel operations, one function per backend.
+"""The generic part of a plan: ``(endpoints, LinkState)`` -> the operations both backends share.
 
-Nothing here touches the kernel; every function is deterministic and table-tested.
+Nothing here touches the kernel; every function is deterministic and table-tested. Each backend
+plans with these and adds its own (``squall.shaping.netem.plan``: netem leaves;
+``squall.shaping.nfqueue.plan``: FIFO leaves, the delay daemon's queues).
 
-**netem** (:func:`plan_netem`). On each sender's device an HTB tree (see :mod:`.ops` for the
-handles): one class per shaped destination whose rate is the link's rate (or a ceiling far above
-any veth when the link has none), under the node's uplink class when it has an uplink cap; a u32
-filter on the destination address; a netem leaf with delay, jitter, loss, duplication, reordering
-and a large ``limit``. Rate lives in HTB, never in netem.
+**Rates** (both backends): on each sender's device an HTB tree (see :mod:`.ops` for the handles):
+one class per shaped destination whose rate is the link's rate (or a ceiling far above any veth
+when the link has none), under the node's uplink class when it has an uplink cap; a u32 filter on
+the destination address; the backend's leaf under it (:func:`egress_tree`). A downlink cap is an
+ingress redirect to an IFB device with its own HTB (:func:`downlink_tree`). Uplink caps: every
+child class is assured only its share ``uplink / children`` and may borrow up to
+``min(link, uplink)``, so the children together never exceed the cap (HTB lets a class send its
+assured rate without asking its parent).
 
-**nfqueue** (:func:`plan_nfqueue`). Rates: the same HTB tree with FIFO leaves (sized by rate only,
-:func:`~.convert.fifo_limit`), only for links with a rate (or everything under an uplink cap).
-Delay, jitter, loss and reordering: in the receiving namespace one NFQUEUE per source peer (number
-``1 + source``), served by the delay daemon with :class:`~.nfqueue.config.LinkParams` converted from
-the LinkSpec. Duplication: an iptables TEE rule
-with a random ``statistic`` match on the sender (no correlation: iptables draws independently, so a
-duplicate correlation is rejected rather than ignored). A queue limit sizes the FIFO in front of a
-rate; on a link without a rate it is refused rather than ignored.
+**Rules.** A blocked (cut) directed link is an iptables DROP in the receiver, before any queue
+(:func:`drop_rules`); uncorrelated duplication is an iptables TEE rule with a random ``statistic``
+match in the sender (:func:`tee_rule`; iptables draws independently, so it carries no correlation).
 
 **Which setting goes where** is the settings table's (:mod:`squall.profiles.settings`): each row
 names the carrier on each backend and what the backend refuses; :func:`check_links` raises
-:class:`ShapingError` for a refused part before anything is planned.
-
-**Both.** A blocked (cut) directed link is an iptables DROP in the receiver, before any queue. A
-downlink cap is an ingress redirect to an IFB device with its own HTB. Uplink caps: every child
-class is assured only its share ``uplink / children`` and may borrow up to ``min(link, uplink)``,
-so the children together never exceed the cap (HTB lets a class send its assured rate without
-asking its parent). A link with nothing to do produces no operation, and a node with nothing to do
-gets an empty :class:`~.ops.NodePlan`.
+:class:`ShapingError` for a refused part before anything is planned. A link with nothing to do
+produces no operation, and a node with nothing to do gets an empty :class:`~.ops.NodePlan`.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 from squall.shaping.base import Endpoint, LinkState, ShapingError
@@ -45,14 +39,8 @@ from squall.shaping.convert import (
     check_backend,
     check_rate,
     check_spec,
-    delays_in_daemon,
-    fifo_limit,
     label,
-    link_params,
-    needs_netem,
-    netem_qdisc,
 )
-from squall.shaping.nfqueue.config import MAX_QUEUE
 from squall.shaping.ops import (
     DEFAULT_MINOR,
     ETH_P_ALL,
@@ -69,11 +57,9 @@ from squall.shaping.ops import (
     FilterOp,
     Htb,
     Ingress,
-    NodePlan,
     Pfifo,
     Qdisc,
     QdiscOp,
-    QueueOp,
     RuleOp,
     TcOp,
     U32Match,
@@ -83,16 +69,10 @@ from squall.shaping.ops import (
 )
 
 ROOT = handle(ROOT_MAJOR)  # 1:
-QUEUE_BASE = 1  # NFQUEUE number of source s is QUEUE_BASE + s
 DOWNLINK_FIFO_LIMIT = 1_000  # packets queued in front of a downlink cap
 
 # A leaf for one destination: (rate that limits it or None, the qdisc under its class)
 Leaf = tuple[int | None, Qdisc]
-
-
-def queue_number(source: int) -> int:
-    """The NFQUEUE that carries packets from node ``source`` (in every receiving namespace)."""
-    return QUEUE_BASE + source
 
 
 # ----------------------------------------------------------------------------- validation
@@ -136,8 +116,6 @@ def _check_endpoint(ep: Endpoint) -> None:
         raise ShapingError(f"endpoint {ep.index}: only IPv4 is shaped, got {ep.address}")
     if not ep.device or len(ep.device) > 15 or "/" in ep.device:
         raise ShapingError(f"endpoint {ep.index}: bad device name {ep.device!r}")
-    if queue_number(ep.index) > MAX_QUEUE:
-        raise ShapingError(f"endpoint {ep.index}: queue number {queue_number(ep.index)} > {MAX_QUEUE}")
 
 
 def _check_pair(src: int, dst: int, known: Mapping[int, Endpoint], where: str) -> None:
@@ -154,61 +132,20 @@ def check_links(state: LinkState, backend: str) -> None:
         check_backend(spec, backend, label(src, dst))
 
 
-def _spec(state: LinkState, src: int, dst: int) -> LinkSpec:
+def link_spec(state: LinkState, src: int, dst: int) -> LinkSpec:
     """The link's settings; a pair the state leaves out is a perfect link."""
     return state.links.get((src, dst), PERFECT)
 
 
-# ----------------------------------------------------------------------------- the two backends
-
-
-def plan_netem(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NodePlan]:
-    """Per-node operations for the netem backend (HTB + u32 + netem leaves; DROP for cut links)."""
-    eps = validated(endpoints, state)
-    check_links(state, "netem")
-    plans: dict[int, NodePlan] = {}
-    for ep in eps.values():
-        caps = state.node_links.get(ep.index, NodeLinkSpec())
-        leaves: dict[int, Leaf] = {}
-        for dst in eps:
-            spec = _spec(state, ep.index, dst)
-            if dst != ep.index and needs_netem(spec):
-                rate = _limiting_rate(spec.rate_bps, caps.uplink_bps)
-                leaves[dst] = (spec.rate_bps, netem_qdisc(spec, rate))
-        tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
-        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(drop_rules(ep.index, state, eps)))
-    return plans
-
-
-def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NodePlan]:
-    """Per-node operations for the nfqueue backend (HTB rates, daemon queues, DROP and TEE rules)."""
-    eps = validated(endpoints, state)
-    check_links(state, "nfqueue")
-    plans: dict[int, NodePlan] = {}
-    for ep in eps.values():
-        caps = state.node_links.get(ep.index, NodeLinkSpec())
-        leaves: dict[int, Leaf] = {}
-        for dst in eps:
-            spec = _spec(state, ep.index, dst)
-            if dst != ep.index and spec.rate_bps is not None:
-                limit = fifo_limit(spec, min(spec.rate_bps, caps.uplink_bps or spec.rate_bps))
-                leaves[dst] = (spec.rate_bps, Pfifo(limit))
-        tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
-        queues = receive_queues(ep.index, state, eps)
-        rules = drop_rules(ep.index, state, eps) + queue_rules(queues) + tee_rules(ep.index, state, eps)
-        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(rules), tuple(queues))
-    return plans
-
-
-PLANNERS: dict[str, Callable[[Sequence[Endpoint], LinkState], dict[int, NodePlan]]] = {
-    "netem": plan_netem,
-    "nfqueue": plan_nfqueue,
-}
-
-
-def _limiting_rate(link_bps: int | None, uplink_bps: int | None) -> int | None:
+def limiting_rate(link_bps: int | None, uplink_bps: int | None) -> int | None:
+    """The rate that limits a link under an uplink cap: the smaller of the two, None when neither is set."""
     rates = [r for r in (link_bps, uplink_bps) if r is not None]
     return min(rates) if rates else None
+
+
+def caps_of(state: LinkState, node: int) -> NodeLinkSpec:
+    """The node's shared up- and downlink caps (none when the state gives none)."""
+    return state.node_links.get(node, NodeLinkSpec())
 
 
 # ----------------------------------------------------------------------------- tc trees
@@ -268,7 +205,7 @@ def downlink_tree(device: str, downlink_bps: int | None) -> list[TcOp]:
     ]
 
 
-# ----------------------------------------------------------------------------- rules and queues
+# ----------------------------------------------------------------------------- rules
 
 
 def drop_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
@@ -276,32 +213,13 @@ def drop_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list
     return [RuleOp("PREROUTING", "DROP", eps[src].address) for src in eps if (src, node) in state.blocked]
 
 
-def receive_queues(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[QueueOp]:
-    """In the receiver: one daemon queue per source whose link the daemon must shape."""
-    queues = []
-    for src in eps:
-        if src == node:
-            continue
-        params = link_params(_spec(state, src, node), label(src, node))
-        if delays_in_daemon(params):
-            queues.append(QueueOp(queue_number(src), src, eps[src].address, params))
-    return queues
-
-
-def queue_rules(queues: Sequence[QueueOp]) -> list[RuleOp]:
-    """NFQUEUE rules for the queues (after the DROP rules in the same chain)."""
-    return [RuleOp("PREROUTING", "NFQUEUE", q.address, queue=q.queue) for q in queues]
+def tee_rule(address: str, spec: LinkSpec) -> RuleOp:
+    """In the sender: TEE the link's share of duplicated packets to ``address`` (no correlation: iptables
+    draws each packet independently, so a backend refuses or keeps a correlated duplication itself)."""
+    return RuleOp("POSTROUTING", "TEE", address, probability=spec.duplicate.percent / 100)
 
 
 def tee_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
-    """In the sender: TEE a random share of the packets to each destination whose link duplicates.
-
-    A duplicate correlation is refused before this (:func:`check_links`: iptables draws independently).
-    """
-    rules = []
-    for dst in eps:
-        spec = _spec(state, node, dst)
-        if dst == node or spec.duplicate.percent == 0:
-            continue
-        rules.append(RuleOp("POSTROUTING", "TEE", eps[dst].address, probability=spec.duplicate.percent / 100))
-    return rules
+    """In the sender: a TEE rule (:func:`tee_rule`) to each destination whose link duplicates."""
+    return [tee_rule(eps[dst].address, link_spec(state, node, dst)) for dst in eps
+            if dst != node and link_spec(state, node, dst).duplicate.percent != 0]

@@ -1,6 +1,11 @@
-"""Choosing a backend: :func:`open_shaper`.
+"""The one place that knows the backends: :func:`open_shaper`, the netem probe, the host leftovers.
 
-``backend=None`` takes netem where the kernel has it (:func:`.probe.netem_available`) and the
+Each backend (:mod:`.netem`, :mod:`.nfqueue`) is self-contained; everything outside a backend that
+needs one goes through here: a shaper (:func:`open_shaper`), whether the kernel has netem
+(:func:`netem_probe`), and what shapers of dead runs left on the host (:func:`host_leftovers`,
+for ``squall gc``).
+
+``backend=None`` takes netem where the kernel has it (:func:`netem_available`) and the
 nfqueue fallback elsewhere. Forcing ``"netem"`` on a kernel without it fails with the probe's
 reason instead of quietly falling back: a result labelled netem must have been shaped by netem.
 The chosen backend is logged, and every shaper carries it in ``shaper.backend`` for the results.
@@ -11,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from squall.shaping.base import BACKENDS, Endpoint, Shaper, ShapingError
-from squall.shaping.kernel_probe import netem_probe
+from squall.shaping.base import BACKENDS, Endpoint, HostLeftover, Shaper, ShapingError
+from squall.shaping.netem.probe import netem_available, netem_probe
 
 logger = logging.getLogger(__name__)
 
@@ -45,3 +50,13 @@ def open_shaper(endpoints: Sequence[Endpoint], *, run_id: str, backend: str | No
     from squall.shaping.nfqueue.backend import NfqueueShaper
 
     return NfqueueShaper(endpoints, run_id=run_id)
+
+
+def host_leftovers() -> list[HostLeftover]:
+    """What shapers keep on the host, of every run, live or dead (only the nfqueue backend keeps any)."""
+    from squall.shaping.nfqueue.leftovers import find
+
+    return list(find())
+
+
+__all__ = ["host_leftovers", "netem_available", "netem_probe", "open_shaper"]

@@ -2,9 +2,10 @@
 
 A :class:`TcSession` opens two ``NETLINK_ROUTE`` sockets while its thread is inside the namespace
 (:mod:`.namespace`) and drives them from the host: pyroute2's ``IPRoute(use_socket=...)`` for
-devices, HTB, FIFOs, ingress and u32 filters, and a raw socket for netem, whose options pyroute2
-cannot encode (:mod:`.netem_wire`). A session belongs to the thread that opened it (pyroute2's
-rule) and lives for one batch of steps.
+devices, HTB, FIFOs, ingress and u32 filters, and a raw socket for a backend's own leaf qdisc
+(:class:`~.ops.LeafQdisc`, such as netem's, whose options pyroute2 cannot encode): the leaf encodes
+its options, :class:`RawQdiscSender` frames and sends them (:mod:`.netlink`). A session belongs to
+the thread that opened it (pyroute2's rule) and lives for one batch of steps.
 
 pyroute2 takes rates in bytes per second and bursts in bytes; the plan's bits per second are
 divided here. Errors come back as :class:`ShapingError` naming the node, the verb and the object.
@@ -16,7 +17,6 @@ import errno
 import logging
 import os
 import socket
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +25,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from squall.shaping.base import ShapingError
 from squall.shaping.namespace import Namespace
-from squall.shaping.netem import wire as netem_wire
+from squall.shaping.netlink import NETLINK_ROUTE, change_flags, create_flags, qdisc_message, wait_ack
 from squall.shaping.ops import (
     INGRESS_HANDLE,
     ClassOp,
@@ -33,7 +33,7 @@ from squall.shaping.ops import (
     FilterOp,
     Htb,
     Ingress,
-    Netem,
+    LeafQdisc,
     Pfifo,
     QdiscOp,
     TcOp,
@@ -43,12 +43,8 @@ from squall.shaping.tcdiff import TcStep
 
 logger = logging.getLogger(__name__)
 
-NETLINK_ROUTE = 0
-NLMSG_ERROR = 2
-_NLMSGHDR = struct.Struct("=IHHII")
 # Deleting what is already gone is fine during teardown; these say "not there".
 MISSING = {errno.ENOENT, errno.ENODEV, errno.EINVAL}
-_KINDS: dict[type, str] = {Htb: "htb", Pfifo: "pfifo", Netem: "netem", Ingress: "ingress"}
 
 
 class TcStepError(ShapingError):
@@ -64,16 +60,15 @@ def describe(op: TcOp) -> str:
     if isinstance(op, DeviceOp):
         return f"device {op.name} ({op.kind})"
     if isinstance(op, QdiscOp):
-        kind = type(op.qdisc).__name__.lower()
-        return f"qdisc {kind} {show_handle(op.handle)} parent {show_handle(op.parent)} dev {op.device}"
+        return f"qdisc {op.qdisc.kind} {show_handle(op.handle)} parent {show_handle(op.parent)} dev {op.device}"
     if isinstance(op, ClassOp):
         return f"class htb {show_handle(op.classid)} rate {op.rate_bps}bit ceil {op.ceil_bps}bit dev {op.device}"
     where = f"redirect {op.redirect}" if op.redirect else f"flowid {show_handle(op.target or 0)}"
     return f"filter u32 prio {op.prio} parent {show_handle(op.parent)} {where} dev {op.device}"
 
 
-class NetemSender:
-    """Sends netem qdiscs as raw ``RTM_NEWQDISC`` requests (:mod:`.netem_wire`) and reads the ack."""
+class RawQdiscSender:
+    """Sends a backend's leaf qdiscs as raw ``RTM_NEWQDISC`` requests (:mod:`.netlink`) and reads the ack."""
 
     def __init__(self, sock: socket.socket):
         sock.bind((0, 0))
@@ -81,26 +76,16 @@ class NetemSender:
         self._sock = sock
         self._seq = 0
 
-    def send(self, index: int, op: QdiscOp, netem: Netem, *, create: bool) -> None:
-        """Add (``create``) or change the netem qdisc ``op`` on interface ``index``; raise NetlinkError."""
+    def send(self, index: int, op: QdiscOp, leaf: LeafQdisc, *, create: bool) -> None:
+        """Add (``create``) or change the qdisc ``op`` (holding ``leaf``) on interface ``index``; raise NetlinkError."""
         self._seq += 1
-        flags = netem_wire.create_flags() if create else netem_wire.change_flags()
-        msg = netem_wire.qdisc_message(
-            index=index, handle=op.handle, parent=op.parent, kind="netem",
-            options=netem_wire.netem_options(netem), flags=flags, seq=self._seq,
-        )
+        flags = create_flags() if create else change_flags()
+        msg = qdisc_message(index=index, handle=op.handle, parent=op.parent, kind=leaf.kind,
+                            options=leaf.options(), flags=flags, seq=self._seq)
         self._sock.send(msg)
-        while True:
-            data = self._sock.recv(65536)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _, seq, _ = _NLMSGHDR.unpack_from(data, off)
-                if kind == NLMSG_ERROR and seq == self._seq:
-                    code = struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                    if code:
-                        raise NetlinkError(-code, os.strerror(-code))
-                    return
-                off += max(_NLMSGHDR.size, (length + 3) & ~3)
+        code = wait_ack(self._sock, self._seq)
+        if code:
+            raise NetlinkError(code, os.strerror(code))
 
 
 class TcSession:
@@ -112,7 +97,7 @@ class TcSession:
             route = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
             raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         self._raw = raw
-        self._netem = NetemSender(raw)
+        self._leaves = RawQdiscSender(raw)
         try:
             self._ipr = IPRoute(use_socket=route)
         except BaseException:
@@ -183,17 +168,18 @@ class TcSession:
         qdisc = op.qdisc
         if verb == "delete":
             # Always name the kind: without one pyroute2 rewrites the parent to the root.
-            self._ipr.tc("del", _KINDS[type(qdisc)], index, handle=op.handle, parent=op.parent)
+            self._ipr.tc("del", qdisc.kind, index, handle=op.handle, parent=op.parent)
             return
         command = "add" if verb == "add" else "change"
-        if isinstance(qdisc, Netem):
-            self._netem.send(index, op, qdisc, create=verb == "add")
-        elif isinstance(qdisc, Htb):
+        if isinstance(qdisc, Htb):
             self._ipr.tc(command, "htb", index, handle=op.handle, parent=op.parent, default=qdisc.default_minor)
         elif isinstance(qdisc, Pfifo):
             self._ipr.tc(command, "pfifo", index, handle=op.handle, parent=op.parent, limit=qdisc.limit)
-        elif verb == "add":
-            self._ipr.tc("add", "ingress", index)
+        elif isinstance(qdisc, Ingress):
+            if verb == "add":
+                self._ipr.tc("add", "ingress", index)
+        else:
+            self._leaves.send(index, op, qdisc, create=verb == "add")
 
     def _class(self, verb: str, op: ClassOp) -> None:
         index = self.index(op.device)

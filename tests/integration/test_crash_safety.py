@@ -36,7 +36,7 @@ import pytest
 
 from squall.cluster.engine import in_ci
 from squall.cluster.ownership import state_root
-from squall.shaping.leftovers import WORKDIR_PREFIX
+from squall.shaping.nfqueue.leftovers import WORKDIR_PREFIX
 
 from .conftest import labelled
 
@@ -94,7 +94,7 @@ def _footprint(client: Any, run_id: str, state_dir: Path, owner: int) -> Footpri
     veths = [line.split(":")[1].strip().split("@")[0] for line in _links() if f" master {bridge} " in line]
     children = psutil.Process(owner).children(recursive=True)
     processes = [(p.pid, p.create_time()) for p in [psutil.Process(owner), *children]]
-    daemons = sum("squall.shaping.nfqueue.daemon" in " ".join(p.cmdline()) for p in children)
+    daemons = sum("squall.shaping.nfqueue.cli" in " ".join(p.cmdline()) for p in children)
     return Footprint(run_id, state_dir, bridge, subnet, veths, processes, daemons)
 
 

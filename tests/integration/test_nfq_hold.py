@@ -6,7 +6,7 @@
   ``PREROUTING`` could not give; the run's chain sits in the bridge's namespace, not in the hosts;
   ``close()`` leaves that namespace's ``iptables-save`` and bridge sysctl as found.
 * In this process's namespace (where Docker's bridges are): a hold chain whose run's owner died is
-  found and removed by the ``squall gc`` path (:mod:`squall.shaping.leftovers`), and the host's
+  found and removed by the ``squall gc`` path (:mod:`squall.shaping.nfqueue.leftovers`), and the host's
   ``iptables-save`` is as it was.
 
 Needs root, ``ip`` and iptables; skipped otherwise (both are in CI).
@@ -30,12 +30,12 @@ import pytest
 from squall.cluster.gc import leftover_is_stale
 from squall.cluster.ownership import Owner
 from squall.profiles import LinkSpec
-from squall.shaping import LinkState, leftovers
+from squall.shaping import LinkState
+from squall.shaping.iptables import normalize_save
 from squall.shaping.lan import BridgedLan
-from squall.shaping.nfqueue import hold, hold_plan
+from squall.shaping.nfqueue import hold, hold_plan, leftovers
 from squall.shaping.nfqueue.backend import NfqueueShaper
 from squall.shaping.nfqueue.hold_plan import HoldRule
-from squall.shaping.nfqueue.rules import normalize_save
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and iptables"),
@@ -128,7 +128,7 @@ def _host_save() -> str:
 def test_gc_removes_the_hold_chain_of_a_dead_run() -> None:
     run = f"gcq{os.getpid()}"
     before = _host_save()
-    code = f"from squall.shaping.leftovers import make_workdir; print(make_workdir({run!r}))"
+    code = f"from squall.shaping.nfqueue.leftovers import make_workdir; print(make_workdir({run!r}))"
     workdir = Path(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                   cwd=Path(__file__).resolve().parents[2]).stdout.strip())  # its owner exits
     rules = hold.HoldRules(hold.own_namespace(), run)

@@ -29,7 +29,7 @@ from squall.cli.doctor import (
     to_json,
 )
 from squall.shaping.features import USES, Feature, kernel_features
-from squall.shaping.kernel_probe import netem_probe
+from squall.shaping.select import netem_probe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from squall.cluster.gc import leftover_is_stale
-from squall.shaping import leftovers
+from squall.shaping.nfqueue import leftovers
+from squall.shaping.nfqueue.launcher import DAEMON_MODULE
 
 
 @pytest.fixture
@@ -35,10 +36,10 @@ def test_the_run_id_is_read_from_the_work_directory_name(name: str, run: str | N
 
 
 @pytest.mark.parametrize(("cmdline", "workdir"), [
-    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-r1-x/config.json",
+    (["python3", "-m", "squall.shaping.nfqueue.cli", "--config", "/tmp/squall-nfq-r1-x/config.json",
       "--ready-fd", "5"], "/tmp/squall-nfq-r1-x"),
-    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config", "/tmp/squall-nfq-abc.json"], None),  # untagged
-    (["python3", "-m", "squall.shaping.nfqueue.daemon", "--config"], None),
+    (["python3", "-m", "squall.shaping.nfqueue.cli", "--config", "/tmp/squall-nfq-abc.json"], None),  # untagged
+    (["python3", "-m", "squall.shaping.nfqueue.cli", "--config"], None),
     (["python3", "-m", "something.else", "--config", "/tmp/squall-nfq-r1-x/config.json"], None),
     ([], None),
 ])
@@ -75,7 +76,7 @@ def fake_daemon(tmp_root: Path) -> Iterator[tuple[Path, subprocess.Popen[bytes]]
     on_term = (f"open({str(tmp_root / 'terminated')!r}, 'w').close(); raise SystemExit(0)")
     code = (f"import signal, time\ndef term(*_):\n    {on_term}\nsignal.signal(signal.SIGTERM, term)\n"
             "print('ready', flush=True)\ntime.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, leftovers.DAEMON_MODULE,
+    proc = subprocess.Popen([sys.executable, "-c", code, DAEMON_MODULE,
                              "--config", str(workdir / leftovers.CONFIG_FILE)], stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # its SIGTERM handler is in place
     try:

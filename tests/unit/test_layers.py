@@ -94,11 +94,6 @@ CONFINED = {
 #: A backend is self-contained: outside it, only these modules may import it.
 BACKENDS = {"squall.shaping.netem": ("squall.shaping.select",), "squall.shaping.nfqueue": ("squall.shaping.select",)}
 
-#: Generic shaping modules that still reach into a backend (being moved; this set only shrinks).
-NOT_YET_SELF_CONTAINED = {"squall.cluster.swarm.node_agent", "squall.shaping.convert", "squall.shaping.iptables",
-                          "squall.shaping.lan", "squall.shaping.leftovers", "squall.shaping.ops", "squall.shaping.plan",
-                          "squall.shaping.tc"}
-
 
 def protocol_folders() -> frozenset[str]:
     """Every direct subpackage of squall/protocols/ that declares protocols."""
@@ -176,8 +171,7 @@ def violations() -> list[str]:
                           for name in names if name.startswith("_") and not name.startswith("__")]
             for backend, outsiders in BACKENDS.items():
                 inside = here == backend or here.startswith(backend + ".")
-                if (module == backend or module.startswith(backend + ".")) and not inside and here not in outsiders \
-                        and here not in NOT_YET_SELF_CONTAINED:
+                if (module == backend or module.startswith(backend + ".")) and not inside and here not in outsiders:
                     found.append(f"{where}:{line}: {here} reaches into the backend {backend} ({module}); only "
                                  f"{outsiders} and the backend itself may")
     return found

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -22,12 +23,15 @@ from squall.profiles.model import Distribution
 from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS, Carrier, calm, refusals
 from squall.shaping import ops
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, ShapingError
-from squall.shaping.convert import DAEMON_PARAMS, NETEM_ATTRS, link_params, netem_qdisc
+from squall.shaping.netem.leaf import Netem
+from squall.shaping.netem.plan import NETEM_ATTRS, netem_qdisc, plan_netem
 from squall.shaping.nfqueue import config as daemon_config
-from squall.shaping.plan import PLANNERS
+from squall.shaping.nfqueue.plan import DAEMON_PARAMS, link_params, plan_nfqueue
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(2)]
-PLAN_TYPES = {cls.__name__: cls for cls in (ops.Netem, ops.Pfifo, ops.ClassOp, ops.RuleOp, daemon_config.LinkParams)}
+PLAN_TYPES = {cls.__name__: cls for cls in (Netem, ops.Pfifo, ops.ClassOp, ops.RuleOp, daemon_config.LinkParams)}
+PLANNERS: dict[str, Callable[[list[Endpoint], LinkState], Mapping[int, ops.NodePlan]]] = {
+    "netem": plan_netem, "nfqueue": plan_nfqueue}
 DELAY = 5000
 
 # Links that set each field (with what it needs: reorder needs a delay, a limit sizes a queue that

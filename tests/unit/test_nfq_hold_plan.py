@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from squall.profiles import LinkSpec
-from squall.shaping import Endpoint, LinkState, plan_nfqueue
+from squall.shaping import Endpoint, LinkState
 from squall.shaping.nfqueue import hold_plan
-from squall.shaping.nfqueue.backend import hold_rules, in_containers
+from squall.shaping.nfqueue.backend import hold_rules
 from squall.shaping.nfqueue.errors import RulesError
 from squall.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
+from squall.shaping.nfqueue.plan import plan_nfqueue
 
 SAVE = """*mangle
 :PREROUTING ACCEPT [0:0]
@@ -132,7 +133,7 @@ def test_reading_iptables_save_and_the_proc_file() -> None:
 ENDPOINTS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 
 
-def test_backend_moves_every_nfqueue_rule_to_the_bridge_and_keeps_drop_and_tee() -> None:
+def test_every_daemon_queue_is_a_rule_on_the_bridge_and_the_containers_keep_drop_and_tee() -> None:
     delay = LinkSpec(delay_us=5_000)
     state = LinkState({(0, 1): delay, (1, 0): delay, (2, 0): delay, (0, 2): LinkSpec(), (1, 2): LinkSpec(),
                        (2, 1): LinkSpec()}, blocked=frozenset({(1, 2)}))
@@ -144,7 +145,7 @@ def test_backend_moves_every_nfqueue_rule_to_the_bridge_and_keeps_drop_and_tee()
         HoldRule("10.9.0.4", "10.9.0.2", block.queue(0, 2)),
         HoldRule("10.9.0.2", "10.9.0.3", block.queue(1, 0)),
     ]
-    kept = {i: in_containers(p) for i, p in plans.items()}
-    assert all(r.action != "NFQUEUE" for p in kept.values() for r in p.rules)
-    assert [(r.action, r.peer) for r in kept[2].rules] == [("DROP", "10.9.0.3")]  # the cut 1 -> 2 stays
-    assert all(kept[i].tc == plans[i].tc and kept[i].queues == plans[i].queues for i in plans)
+    # what the containers get (the node plans' rules) is only DROP and TEE: the cut 1 -> 2 stays
+    assert all(r.action in ("DROP", "TEE") for p in plans.values() for r in p.rules)
+    assert [(r.action, r.peer) for r in plans[2].rules] == [("DROP", "10.9.0.3")]
+    assert [(r.action, r.peer) for i in (0, 1) for r in plans[i].rules] == []

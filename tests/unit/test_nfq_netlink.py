@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
+from squall.shaping.netlink import NLMSG_ERROR, attr
 from squall.shaping.nfqueue.netlink import (
     MSG_CONFIG,
     MSG_PACKET,
@@ -19,17 +20,15 @@ from squall.shaping.nfqueue.netlink import (
     NFQA_CFG_PARAMS,
     NFQA_CFG_QUEUE_MAXLEN,
     NFQA_PACKET_HDR,
-    NLMSG_ERROR,
     VERDICT_SIZE,
-    attr,
     config_requests,
     message,
     pack_verdict_body,
     parse_datagram,
     verdict_prefix,
 )
-from squall.shaping.nfqueue.nft_table import NFT_MSG_DELTABLE, delete_table_batch
 from squall.shaping.nfqueue.state import parse_kernel_stats
+from squall.shaping.nft_table import NFT_MSG_DELTABLE, delete_table_batch
 
 
 def _packet(queue: int, pid: int) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from squall.shaping import iptables
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.errors import RulesError
 from squall.shaping.nfqueue.rules import SourceRule
@@ -95,12 +96,12 @@ def test_in_netns_wraps_with_nsenter() -> None:
 
 
 def test_normalize_and_table_helpers() -> None:
-    text = rules.normalize_save(EMPTY_MANGLE)
+    text = iptables.normalize_save(EMPTY_MANGLE)
     assert "#" not in text and "[12:3400]" not in text
-    assert rules.has_table(text) and not rules.has_table(rules.normalize_save(""))
-    assert rules.table_is_empty(text)
-    assert not rules.table_is_empty(text.replace("COMMIT", "-A PREROUTING -j MARK --set-mark 1\nCOMMIT"))
-    assert not rules.table_is_empty(text.replace(":INPUT ACCEPT", ":INPUT DROP"))
+    assert iptables.has_table(text) and not iptables.has_table(iptables.normalize_save(""))
+    assert iptables.table_is_empty(text)
+    assert not iptables.table_is_empty(text.replace("COMMIT", "-A PREROUTING -j MARK --set-mark 1\nCOMMIT"))
+    assert not iptables.table_is_empty(text.replace(":INPUT ACCEPT", ":INPUT DROP"))
     both = "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n" + text
     assert rules._table_section(both, "mangle") == text
 

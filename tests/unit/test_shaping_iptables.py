@@ -11,7 +11,7 @@ from squall.shaping.ops import RuleOp
 CHAINS = Chains("r1")
 RULES = [
     RuleOp("PREROUTING", "DROP", "10.0.0.2"),
-    RuleOp("PREROUTING", "NFQUEUE", "10.0.0.3", queue=2),
+    RuleOp("PREROUTING", "DROP", "10.0.0.4"),
     RuleOp("POSTROUTING", "TEE", "10.0.0.3", probability=0.05),
 ]
 
@@ -19,7 +19,7 @@ RULES = [
 def test_rule_args() -> None:
     assert [rule_args(r) for r in RULES] == [
         "-s 10.0.0.2/32 -j DROP",
-        "-s 10.0.0.3/32 -j NFQUEUE --queue-num 2 --queue-bypass",
+        "-s 10.0.0.4/32 -j DROP",
         "-d 10.0.0.3/32 -m statistic --mode random --probability 0.0500000000 -j TEE --gateway 10.0.0.3",
     ]
 
@@ -30,7 +30,7 @@ def test_install_script_declares_fills_and_jumps() -> None:
         ":SQUALL-r1-in - [0:0]",
         ":SQUALL-r1-out - [0:0]",
         "-A SQUALL-r1-in -s 10.0.0.2/32 -j DROP",
-        "-A SQUALL-r1-in -s 10.0.0.3/32 -j NFQUEUE --queue-num 2 --queue-bypass",
+        "-A SQUALL-r1-in -s 10.0.0.4/32 -j DROP",
         "-A SQUALL-r1-out -d 10.0.0.3/32 -m statistic --mode random --probability 0.0500000000 -j TEE "
         "--gateway 10.0.0.3",
         "-I PREROUTING 1 -j SQUALL-r1-in",

@@ -9,11 +9,12 @@ import struct
 import pytest
 
 from squall.profiles import Chance, GilbertElliott, LinkSpec
-from squall.shaping import Endpoint, LinkState
+from squall.shaping import Endpoint, LinkState, netlink
 from squall.shaping.netem import wire as w
 from squall.shaping.netem.backend import duplication_by_tee
-from squall.shaping.ops import Netem, QdiscOp, RuleOp
-from squall.shaping.plan import plan_netem
+from squall.shaping.netem.leaf import Netem
+from squall.shaping.netem.plan import plan_netem
+from squall.shaping.ops import QdiscOp, RuleOp
 
 U = 0xFFFFFFFF
 
@@ -115,13 +116,13 @@ def test_pyroute2_decodes_our_options() -> None:
 
 
 def test_qdisc_message_layout() -> None:
-    msg = w.qdisc_message(index=7, handle=0x1010000, parent=0x10101, kind="netem", options=b"\1" * 24,
-                          flags=w.create_flags(), seq=9)
+    msg = netlink.qdisc_message(index=7, handle=0x1010000, parent=0x10101, kind="netem", options=b"\1" * 24,
+                                flags=netlink.create_flags(), seq=9)
     length, kind, flags, seq, pid = struct.unpack_from("=IHHII", msg)
-    assert (length, kind, flags, seq, pid) == (len(msg), w.RTM_NEWQDISC, 0x605, 9, 0)
+    assert (length, kind, flags, seq, pid) == (len(msg), netlink.RTM_NEWQDISC, 0x605, 9, 0)
     assert struct.unpack_from("=BBHiIII", msg, 16) == (0, 0, 0, 7, 0x1010000, 0x10101, 0)
-    assert msg[36:48] == struct.pack("=HH", 10, w.TCA_KIND) + b"netem\0\0\0"
-    assert struct.unpack_from("=HH", msg, 48) == (28, w.TCA_OPTIONS)
+    assert msg[36:48] == struct.pack("=HH", 10, netlink.TCA_KIND) + b"netem\0\0\0"
+    assert struct.unpack_from("=HH", msg, 48) == (28, netlink.TCA_OPTIONS)
 
 
 def test_probabilities_and_ticks() -> None:

@@ -7,7 +7,12 @@ import pytest
 from squall.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss, NodeLinkSpec
 from squall.profiles.model import Distribution
 from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.netem.leaf import Netem
+from squall.shaping.netem.plan import plan_netem
+from squall.shaping.nfqueue.backend import hold_rules
 from squall.shaping.nfqueue.config import LinkParams
+from squall.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
+from squall.shaping.nfqueue.plan import NfqueuePlan, QueueOp, plan_nfqueue
 from squall.shaping.ops import (
     ETH_P_ALL,
     ETH_P_IP,
@@ -19,16 +24,13 @@ from squall.shaping.ops import (
     FilterOp,
     Htb,
     Ingress,
-    Netem,
     NodePlan,
     Pfifo,
     QdiscOp,
-    QueueOp,
     RuleOp,
     U32Match,
     show_handle,
 )
-from squall.shaping.plan import plan_netem, plan_nfqueue, queue_number
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 ADDR = [0x0A090002, 0x0A090003, 0x0A090004]
@@ -137,7 +139,7 @@ NETEM_CASES = [
 def test_plan_netem(st: LinkState, expected: dict[int, list[object]]) -> None:
     plans = plan_netem(EPS, st)
     assert {i: list(p.tc) for i, p in plans.items()} == expected
-    assert all(p.rules == () and p.queues == () for p in plans.values())
+    assert all(p.rules == () and type(p) is NodePlan for p in plans.values())  # no daemon queues
 
 
 def test_uplink_parent_class_shares_the_cap() -> None:
@@ -215,17 +217,17 @@ def test_nfqueue_queues_rules_and_conversion() -> None:
         loss_correlation=0.25,
         reorder=0.01,
     )
-    assert plans[2] == NodePlan(
+    assert plans[2] == NfqueuePlan(
         2,
         "eth0",
         (),
-        (
-            RuleOp("PREROUTING", "DROP", "10.9.0.2"),
-            RuleOp("PREROUTING", "NFQUEUE", "10.9.0.2", queue=1),
-            RuleOp("PREROUTING", "NFQUEUE", "10.9.0.3", queue=2),
-        ),
-        (QueueOp(1, 0, "10.9.0.2", params), QueueOp(2, 1, "10.9.0.3", LinkParams(delay_us=3000))),
+        (RuleOp("PREROUTING", "DROP", "10.9.0.2"),),
+        (QueueOp(0, "10.9.0.2", params), QueueOp(1, "10.9.0.3", LinkParams(delay_us=3000))),
     )
+    # each queue is one NFQUEUE rule on the bridge (after the receiver's DROP, the cut link never gets there)
+    block = QueueBlock(1026, 3)
+    assert hold_rules(plans, {ep.index: ep for ep in EPS}, block) == [
+        HoldRule("10.9.0.2", "10.9.0.4", 1026 + 2 * 3 + 0), HoldRule("10.9.0.3", "10.9.0.4", 1026 + 2 * 3 + 1)]
     # the rate stays in the sender's HTB, with a FIFO leaf sized for rate x delay (floor 1000)
     assert list(plans[0].tc) == ROOT_OPS + peer(2, Pfifo(1000), rate=20_000_000)
     assert list(plans[1].tc) == ROOT_OPS + peer(0, Pfifo(1000), rate=5_000_000)
@@ -252,11 +254,12 @@ def test_nfqueue_rejects_duplicate_correlation() -> None:
         plan_nfqueue(EPS, state({(1, 2): LinkSpec(duplicate=Chance(5.0, 10.0))}))
 
 
-def test_queue_numbers_follow_the_source() -> None:
-    assert [queue_number(i) for i in range(3)] == [1, 2, 3]
+def test_each_receiver_gets_one_queue_per_shaped_source() -> None:
     st = state({(s, d): LinkSpec(delay_us=1000) for s in range(3) for d in range(3) if s != d})
     plans = plan_nfqueue(EPS, st)
-    assert {i: [q.queue for q in p.queues] for i, p in plans.items()} == {0: [2, 3], 1: [1, 3], 2: [1, 2]}
+    assert {i: [(q.source, q.address) for q in p.queues] for i, p in plans.items()} == {
+        0: [(1, "10.9.0.3"), (2, "10.9.0.4")], 1: [(0, "10.9.0.2"), (2, "10.9.0.4")],
+        2: [(0, "10.9.0.2"), (1, "10.9.0.3")]}
 
 
 def test_full_mesh_has_one_class_and_filter_per_link() -> None:

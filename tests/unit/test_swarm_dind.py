@@ -9,7 +9,7 @@ import pytest
 
 from squall.cluster.swarm import dind_image
 from squall.cluster.swarm.dind import DindSpec
-from squall.shaping.base import Endpoint
+from squall.shaping.base import ELSEWHERE_PREFIX, Endpoint, elsewhere
 from squall.shaping.nfqueue import hold
 from squall.shaping.nfqueue.hold_plan import HoldRule, for_receivers
 
@@ -48,9 +48,9 @@ def test_a_node_holds_only_the_links_its_own_receivers_get() -> None:
 
 
 def test_endpoints_on_other_machines_are_known_by_their_stand_in(tmp_path: Path) -> None:
-    stand_in = tmp_path / f"{hold.ELSEWHERE_PREFIX}abc"
+    stand_in = tmp_path / f"{ELSEWHERE_PREFIX}abc"
     stand_in.write_text("")
-    assert hold.elsewhere(str(stand_in))
-    assert not hold.elsewhere("/proc/1/ns/net")
+    assert elsewhere(str(stand_in))
+    assert not elsewhere("/proc/1/ns/net")
     with pytest.raises(Exception, match="no endpoint runs on this machine"):
         hold.bridge_namespace([Endpoint(0, "10.0.0.2", str(stand_in)), Endpoint(1, "10.0.0.3", str(stand_in))])

@@ -49,8 +49,7 @@ from docker import errors as docker_errors
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.errors import JobError
 from squall.cluster.swarm import wire
-from squall.shaping.base import Endpoint, LinkState, MultiHostShaper, Shaper, ShapingError
-from squall.shaping.nfqueue.hold import ELSEWHERE_PREFIX
+from squall.shaping.base import ELSEWHERE_PREFIX, Endpoint, LinkState, MultiHostShaper, Shaper, ShapingError
 
 logger = logging.getLogger("squall.node_agent")
 
@@ -115,7 +114,7 @@ class Agent:
         self.node = socket.gethostname()
         self.shaper: Shaper | None = None
         self.lock = threading.RLock()
-        # the stand-in namespace of endpoints on other nodes (the nfqueue hold skips it by its name)
+        # the stand-in namespace of endpoints on other nodes (the shapers skip it by its name)
         self._placeholder = tempfile.NamedTemporaryFile(prefix=ELSEWHERE_PREFIX)  # noqa: SIM115
 
     # -- workers ----------------------------------------------------------------------------------
@@ -329,7 +328,7 @@ def _multi_host(shaper: Shaper) -> MultiHostShaper:
 
 
 def _default_backend() -> str:
-    from squall.shaping.kernel_probe import netem_probe
+    from squall.shaping.select import netem_probe
 
     return "netem" if netem_probe().available else "nfqueue"
 

@@ -1,7 +1,7 @@
 """The netem backend: everything in the kernel, the preferred backend where ``sch_netem`` exists.
 
 Plan: :func:`.plan.plan_netem` (HTB classes per destination with netem leaves on each sender;
-cut links as iptables DROP in the receiver; IFB for downlink caps). Execution: :class:`.executor.Applier`
+cut links as iptables DROP in the receiver; IFB for downlink caps). Execution: :class:`squall.shaping.executor.Applier`
 (pyroute2 in each container's namespace). A change of link settings becomes ``change`` requests on
 the existing classes and netem qdiscs, which keep the packets they hold; only structural changes
 rebuild a device's tree. Nothing runs in user space, so there is nothing that can die: :meth:`check`
@@ -14,7 +14,7 @@ every node with two shaped destinations has such a tree. The clone leaves throug
 and netem leaf, so it is delayed like the original. A *correlated* duplication stays with netem
 (iptables draws independently); the kernel then accepts it only on a node with one netem leaf.
 
-This kernel has no ``sch_netem``; :func:`.select.open_shaper` refuses the backend there (with the
+This kernel has no ``sch_netem``; :func:`squall.shaping.select.open_shaper` refuses the backend there (with the
 probe's reason) and the integration test is skipped only for that reason.
 """
 
@@ -28,8 +28,11 @@ from collections.abc import Collection, Mapping, Sequence
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
 from squall.shaping.executor import Applier, endpoint_of, locked
-from squall.shaping.ops import Netem, NodePlan, QdiscOp, RuleOp, TcOp
-from squall.shaping.plan import plan_netem, validated
+from squall.shaping.ops import NodePlan, QdiscOp, RuleOp, TcOp
+from squall.shaping.plan import tee_rule, validated
+
+from .leaf import Netem
+from .plan import plan_netem
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, En
             spec = state.links.get((node, dst))
             if dst == node or spec is None or spec.duplicate.percent == 0 or spec.duplicate.correlation_pct > 0:
                 continue
-            tees.append(RuleOp("POSTROUTING", "TEE", ep.address, probability=spec.duplicate.percent / 100))
+            tees.append(tee_rule(ep.address, spec))
         if not tees:
             out[node] = plan
             continue

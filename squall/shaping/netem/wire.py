@@ -1,9 +1,9 @@
 """netem's netlink options, encoded here because pyroute2's netem plugin cannot say enough.
 
 pyroute2 0.9.7 encodes only the fixed ``tc_netem_qopt`` plus correlation/reorder/rate; it has no
-Gilbert-Elliott loss, no delay distribution table and no 64-bit delay, and DESIGN.md notes that
-its netem rate was rejected by a kernel. So the tc executor sends netem qdiscs as raw
-``RTM_NEWQDISC`` messages built here (``linux/pkt_sched.h``)::
+Gilbert-Elliott loss, no delay distribution table and no 64-bit delay, and its netem rate was
+rejected by a kernel. So the tc executor sends netem qdiscs as raw ``RTM_NEWQDISC`` messages
+(framed by :mod:`squall.shaping.netlink`) whose options are built here (``linux/pkt_sched.h``)::
 
     tcmsg       family u8 | pad u8 | pad u16 | ifindex i32 | handle u32 | parent u32 | info u32
     TCA_KIND    "netem\\0"
@@ -35,7 +35,7 @@ deviation 1), 4096 entries, clamped to 16 bits (so tails beyond 4 standard devia
 netem adds ``table[random] x jitter / 8192`` to the delay. The cut costs ``pareto`` a quarter of its
 spread (table standard deviation 0.74 instead of 1; the daemon's sampler is not cut), ``normal``
 nothing and ``paretonormal`` 2 %. They are computed here from the same
-laws as the delay daemon's samplers (:mod:`.nfqueue.jitter`), so both backends mean the same by
+laws as the delay daemon's samplers (``squall.shaping.nfqueue.jitter``), so both backends mean the same by
 ``normal``, ``pareto`` and ``paretonormal``; iproute2's table files are not needed.
 """
 
@@ -45,17 +45,14 @@ import functools
 import math
 import statistics
 import struct
+from typing import TYPE_CHECKING
 
 from squall.shaping.distributions import pareto_from_tail
-from squall.shaping.ops import Netem
+from squall.shaping.netlink import attr
 
-RTM_NEWQDISC = 36
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
-TCA_KIND = 1
-TCA_OPTIONS = 2
+if TYPE_CHECKING:
+    from .leaf import Netem
+
 TCA_NETEM_CORR = 1
 TCA_NETEM_DELAY_DIST = 2
 TCA_NETEM_REORDER = 3
@@ -68,8 +65,6 @@ DIST_TABLE_SIZE = 4096
 U32_MAX = 0xFFFFFFFF
 PSCHED_SHIFT = 6  # psched ticks are 64 ns
 
-_NLMSGHDR = struct.Struct("=IHHII")
-_TCMSG = struct.Struct("=BBHiIII")
 _QOPT = struct.Struct("=6I")
 
 
@@ -81,12 +76,6 @@ def prob_u32(pct: float) -> int:
 def ticks(us: int) -> int:
     """Microseconds as psched ticks (64 ns), saturating at 32 bits."""
     return min(U32_MAX, (us * 1000) >> PSCHED_SHIFT)
-
-
-def attr(kind: int, payload: bytes) -> bytes:
-    """One netlink attribute, padded to 4 bytes."""
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
 
 
 def netem_options(netem: Netem) -> bytes:
@@ -110,25 +99,6 @@ def netem_options(netem: Netem) -> bytes:
     out += attr(TCA_NETEM_LATENCY64, struct.pack("=q", netem.delay_us * 1000))
     out += attr(TCA_NETEM_JITTER64, struct.pack("=q", netem.jitter_us * 1000))
     return out
-
-
-def qdisc_message(
-    *, index: int, handle: int, parent: int, kind: str, options: bytes, flags: int, seq: int
-) -> bytes:
-    """A whole ``RTM_NEWQDISC`` request."""
-    body = _TCMSG.pack(0, 0, 0, index, handle, parent, 0)
-    body += attr(TCA_KIND, kind.encode() + b"\0") + attr(TCA_OPTIONS, options)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWQDISC, flags, seq, 0) + body
-
-
-def create_flags() -> int:
-    """Flags of an ``add`` (fails if the qdisc exists)."""
-    return NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-
-
-def change_flags() -> int:
-    """Flags of a ``change`` (the qdisc must exist; its whole spec is replaced)."""
-    return NLM_F_REQUEST | NLM_F_ACK
 
 
 # ----------------------------------------------------------------------------- distribution tables

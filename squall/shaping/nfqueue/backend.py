@@ -3,15 +3,15 @@
 Who does what (plan: :func:`.plan.plan_nfqueue`):
 
 * rates, uplink and downlink caps: HTB (kernel), like the netem backend;
-* delay, jitter, loss, reordering: the delay daemon (:mod:`.nfqueue`), one process for the run;
-* duplication: iptables TEE; cut links: iptables DROP (:mod:`.iptables`).
+* delay, jitter, loss, reordering: the delay daemon (:mod:`.daemon`), one process for the run;
+* duplication: iptables TEE; cut links: iptables DROP (:mod:`squall.shaping.iptables`).
 
 Where packets wait. Not in the receiver (its kernel would stamp a packet before the wait, so
 ``ping`` and receive timestamps would see one direction's delay only) but on the bridge between
-the namespaces (:mod:`.nfqueue.hold_plan`): the plan's NFQUEUE rules are taken out of the
-receivers' chains and become one rule per directed link in the run's chain in the bridge's
-namespace, queue ``base + receiver * n + source`` of a block no one else has bound. DROP and TEE
-rules stay in the containers.
+the namespaces (:mod:`.hold_plan`): each queue of the plan (a directed link the daemon shapes)
+becomes one NFQUEUE rule in the run's chain in the bridge's namespace, queue
+``base + receiver * n + source`` of a block no one else has bound. DROP and TEE rules are in the
+containers.
 
 Life cycle. The daemon starts with the shaper and binds the run's whole queue block at once, under
 the host lock that also guards the choice of block (:func:`.nfqueue.hold.host_lock`), so a missing
@@ -29,7 +29,6 @@ lifeline closes, so a run is never reported as shaped when it was not.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import threading
@@ -38,15 +37,16 @@ from collections.abc import Collection, Sequence
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
 from squall.shaping.executor import Applier, endpoint_of, locked
-from squall.shaping.leftovers import make_workdir
 from squall.shaping.netns import same_namespace
-from squall.shaping.nfqueue import hold, hold_plan
-from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
-from squall.shaping.nfqueue.errors import NfqueueError
-from squall.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
-from squall.shaping.nfqueue.launcher import DaemonProcess
-from squall.shaping.ops import NodePlan
-from squall.shaping.plan import plan_nfqueue, validated
+from squall.shaping.plan import validated
+
+from . import hold, hold_plan
+from .config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
+from .errors import NfqueueError
+from .hold_plan import HoldRule, QueueBlock
+from .launcher import DaemonProcess
+from .leftovers import make_workdir
+from .plan import NfqueuePlan, plan_nfqueue
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +63,7 @@ def queue_seed(receiver: int, source: int) -> int:
     return receiver << 16 | source
 
 
-def in_containers(plan: NodePlan) -> NodePlan:
-    """The part of a node's plan that stays in its namespace: everything but the NFQUEUE rules."""
-    return dataclasses.replace(plan, rules=tuple(r for r in plan.rules if r.action != "NFQUEUE"))
-
-
-def hold_rules(plans: dict[int, NodePlan], endpoints: dict[int, Endpoint], block: QueueBlock) -> list[HoldRule]:
+def hold_rules(plans: dict[int, NfqueuePlan], endpoints: dict[int, Endpoint], block: QueueBlock) -> list[HoldRule]:
     """The bridge rules for the plans' queues: one per directed link the daemon shapes."""
     return [
         HoldRule(q.address, endpoints[index].address, block.queue(index, q.source))
@@ -193,7 +188,7 @@ class NfqueueShaper:
         try:
             with hold.host_lock():
                 self._hold.sync(hold_rules(plans, self._endpoints, block))
-            self._applier.apply({i: in_containers(p) for i, p in plans.items()})
+            self._applier.apply(plans)
         except ShapingError:
             with hold.host_lock():
                 self._hold.sync(held)
@@ -319,7 +314,7 @@ class NfqueueShaper:
         if self._closed:
             raise ShapingError(f"the nfqueue shaper of run {self.run_id} is closed")
 
-    def _wanted_links(self, plans: dict[int, NodePlan]) -> dict[LinkKey, LinkParams]:
+    def _wanted_links(self, plans: dict[int, NfqueuePlan]) -> dict[LinkKey, LinkParams]:
         """Every link: the plan's parameters, or a perfect link where no rule feeds its queue."""
         wanted = {key: LinkParams() for key in self._links}
         for index, plan in plans.items():

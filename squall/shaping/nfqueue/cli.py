@@ -1,4 +1,4 @@
-"""Command line of the delay daemon: ``python -m squall.shaping.nfqueue.daemon`` runs :func:`main`.
+"""Command line of the delay daemon: ``python -m squall.shaping.nfqueue.cli`` runs :func:`main`.
 
 Process plumbing only: signals, the readiness/lifeline fd, stdin watch, CPU pinning, SCHED_FIFO
 and garbage-collector tuning; the loop itself is :class:`.daemon.Daemon`.
@@ -75,7 +75,7 @@ def _go_realtime(priority: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m squall.shaping.nfqueue.daemon", description="NFQUEUE delay daemon"
+        prog="python -m squall.shaping.nfqueue.cli", description="NFQUEUE delay daemon"
     )
     parser.add_argument("--config", required=True, help="JSON config file ('-' reads stdin)")
     parser.add_argument(
@@ -117,3 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon.run()
     _write_fd(args.ready_fd, "stopped\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

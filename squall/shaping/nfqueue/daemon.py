@@ -2,7 +2,7 @@
 
 Start::
 
-    python -m squall.shaping.nfqueue.daemon --config FILE [--ready-fd N] [--exit-on-stdin-eof]
+    python -m squall.shaping.nfqueue.cli --config FILE [--ready-fd N] [--exit-on-stdin-eof]
 
 Timing design. Every wake-up of the loop does, in order:
 
@@ -46,7 +46,6 @@ import logging
 import os
 import resource
 import select
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -334,8 +333,3 @@ class Daemon:
         self.stop()
         return {"ok": True}
 
-
-if __name__ == "__main__":
-    from .cli import main
-
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 * :func:`bridge_namespace` finds the namespace of the bridge the endpoints' veths are plugged into
   (the host's for Docker; another namespace for :class:`~squall.shaping.lan.BridgedLan`).
-  Endpoints on another machine (a swarm run: :func:`elsewhere`) are left out: only this machine's
+  Endpoints on another machine (a swarm run: :func:`~squall.shaping.base.elsewhere`) are left out: only this machine's
   bridge is looked for, and :attr:`HoldRules.receivers` keeps only the rules of this machine's
   receivers, so a packet between machines waits once, on its receiver's machine.
 * :class:`HostLock` serialises, across processes, everything that changes a shared namespace:
@@ -29,25 +29,19 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from squall.shaping.base import Endpoint, ShapingError
+from squall.shaping.base import Endpoint, ShapingError, elsewhere
+from squall.shaping.iptables import has_table, normalize_save, table_is_empty
 from squall.shaping.namespace import Namespace
+from squall.shaping.nft_table import delete_table
 
 from . import hold_plan
-from .errors import NfqueueError
 from .hold_plan import HoldRule
-from .nft_table import delete_table
-from .rules import has_table, normalize_save, table_is_empty
 
 logger = logging.getLogger(__name__)
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "squall-bridge-hold.lock"  # not squall-nfq-*: those are work dirs
 SYSCTL = "/proc/sys/net/bridge/bridge-nf-call-iptables"  # read in the namespace that opens it
 PROC_QUEUES = "/proc/thread-self/net/netfilter/nfnetlink_queue"
-
-
-#: A stand-in namespace file whose name starts with this marks an endpoint that runs on another
-#: machine (the swarm node agent makes one): no bridge to find here, no packet to hold for it.
-ELSEWHERE_PREFIX = "squall-elsewhere-"
 
 _own_fd: int | None = None  # this process's namespace, held open for the process's life
 
@@ -119,11 +113,6 @@ def _is_bridge_port(path: str, index: int) -> bool:
     info = link.get_attr("IFLA_LINKINFO")
     return link.get_attr("IFLA_MASTER") is not None and (info is None or info.get_attr("IFLA_INFO_SLAVE_KIND") in
                                                           (None, "bridge"))
-
-
-def elsewhere(netns: str) -> bool:
-    """Whether an endpoint's namespace path is the stand-in for one on another machine."""
-    return Path(netns).name.startswith(ELSEWHERE_PREFIX)
 
 
 def bridge_namespace(endpoints: Sequence[Endpoint]) -> str:
@@ -270,7 +259,7 @@ def _delete_table_if_empty() -> None:
     if has_table(normalize_save(_run(["iptables-save"])), hold_plan.TABLE) and table_is_empty(_save()):
         try:
             delete_table("/proc/thread-self/ns/net", hold_plan.TABLE)
-        except (NfqueueError, OSError) as exc:
+        except OSError as exc:
             raise ShapingError(f"deleting the {hold_plan.TABLE} table: {exc}") from exc
 
 

@@ -37,6 +37,9 @@ from .config import DaemonConfig, config_to_json
 from .control import ControlClient
 from .errors import DaemonDied
 
+#: The module the daemon runs as (``python -m``); ``squall gc`` finds daemons by it on their command line.
+DAEMON_MODULE = "squall.shaping.nfqueue.cli"
+
 
 class DaemonProcess:
     """A running daemon: its process, lifeline and control socket."""
@@ -71,7 +74,7 @@ class DaemonProcess:
         stderr_path: str | None = None,
         workdir: str | None = None,
     ) -> DaemonProcess:
-        """Spawn ``python -m squall.shaping.nfqueue.daemon`` and wait until it is ready.
+        """Spawn ``python -m squall.shaping.nfqueue.cli`` and wait until it is ready.
 
         :param cpu: pin the daemon to this CPU.
         :param realtime: run it as SCHED_FIFO with this priority (0: normal scheduling). The
@@ -95,7 +98,7 @@ class DaemonProcess:
         argv = [
             python,
             "-m",
-            "squall.shaping.nfqueue.daemon",
+            DAEMON_MODULE,
             "--config",
             config_path,
             "--ready-fd",

@@ -1,22 +1,24 @@
-"""What a shaper keeps on the host, outside the containers, and how ``squall gc`` finds it.
+"""What the nfqueue backend keeps on the host, outside the containers, and how ``squall gc`` finds it.
 
 Everything else a shaper creates (tc objects, IFB devices, the run's iptables chains) lives in the
-containers' network namespaces and goes with them. On the host there are the nfqueue backend's
-*work directory*, its *delay daemon* and its *hold chain*:
+containers' network namespaces and goes with them; the netem backend keeps nothing on the host.
+The nfqueue backend has its *work directory*, its *delay daemon* and its *hold chain*:
 
 * the work directory ``<tmp>/squall-nfq-<run id>-<random>/`` holds the daemon's config
   (``config.json``, named on the daemon's command line), its control socket and ``owner.json``:
   the run id and the pid and start time of the process that owns the shaper;
-* the daemon (``python -m squall.shaping.nfqueue.daemon --config <work dir>/config.json``) exits
+* the daemon (``python -m squall.shaping.nfqueue.cli --config <work dir>/config.json``) exits
   by itself when its owner dies (its stdin closes), but a daemon that outlived it would keep the
   dead containers' namespaces alive through its sockets;
 * the hold chain ``SQUALL-<run id>-nq`` in the host's ``mangle`` table and its jump from
-  ``PREROUTING`` (:mod:`.nfqueue.hold_plan`), where packets between the containers wait. The
+  ``PREROUTING`` (:mod:`.hold_plan`), where packets between the containers wait. The
   backend deletes the work directory only after the chain is gone, so a chain left behind always
   has a work directory that names its run.
 
-:func:`find` lists them by run id; :func:`remove` stops the daemons (SIGTERM, so held packets are
-released, then SIGKILL), removes the chains and deletes the directory. Which runs are dead is the caller's decision
+:func:`find` lists them by run id; :meth:`Leftover.remove` stops the daemons (SIGTERM, so held
+packets are released, then SIGKILL), removes the chains and deletes the directory. ``squall gc``
+gets them through :func:`squall.shaping.select.host_leftovers` as
+:class:`~squall.shaping.base.HostLeftover`; which runs are dead is its decision
 (:mod:`squall.cluster.gc`): this module never judges ownership.
 """
 
@@ -35,12 +37,13 @@ from pathlib import Path
 import psutil
 
 from squall.shaping.base import ShapingError
-from squall.shaping.nfqueue import hold, hold_plan
+
+from . import hold, hold_plan
+from .launcher import DAEMON_MODULE
 
 logger = logging.getLogger(__name__)
 
 WORKDIR_PREFIX = "squall-nfq-"
-DAEMON_MODULE = "squall.shaping.nfqueue.daemon"
 OWNER_FILE = "owner.json"
 CONFIG_FILE = "config.json"
 STOP_TIMEOUT_S = 5.0  # how long a daemon gets to release its packets after SIGTERM
@@ -48,7 +51,7 @@ STOP_TIMEOUT_S = 5.0  # how long a daemon gets to release its packets after SIGT
 
 @dataclass(frozen=True)
 class Leftover:
-    """One shaper's host-side objects."""
+    """One shaper's host-side objects (a :class:`~squall.shaping.base.HostLeftover`)."""
 
     run_id: str  # the run the shaper belonged to
     workdir: Path  # its work directory (may be gone while a daemon still runs)
@@ -56,6 +59,23 @@ class Leftover:
     owner_start: float | None  # that process's start time (psutil create_time)
     daemons: tuple[int, ...]  # pids of delay daemons started from this work directory
     chains: tuple[str, ...] = ()  # the run's hold chains in this process's network namespace
+    backend: str = "nfqueue"  # the backend that left it
+
+    def remove(self, *, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+        """Stop the daemons, remove the chains, delete the work directory; return what could not go, with why."""
+        errors = _stop(self.daemons, timeout_s)
+        for chain in self.chains:
+            try:
+                with hold.host_lock():
+                    hold.remove_chain(chain)
+            except ShapingError as exc:
+                errors.append(f"hold chain {chain}: {exc}")
+        if any(chain in hold.leftover_chains() for chain in self.chains):
+            return errors  # keep the work directory: it is how the next gc finds the chain
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.workdir.exists():
+            errors.append(f"nfqueue work directory {self.workdir} could not be deleted")
+        return errors
 
 
 def make_workdir(run_id: str) -> str:
@@ -119,20 +139,8 @@ def _owner(workdir: Path) -> tuple[int | None, float | None]:
 
 
 def remove(leftover: Leftover, *, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
-    """Stop the daemons and delete the work directory; return what could not be removed, with why."""
-    errors = _stop(leftover.daemons, timeout_s)
-    for chain in leftover.chains:
-        try:
-            with hold.host_lock():
-                hold.remove_chain(chain)
-        except ShapingError as exc:
-            errors.append(f"hold chain {chain}: {exc}")
-    if any(chain in hold.leftover_chains() for chain in leftover.chains):
-        return errors  # keep the work directory: it is how the next gc finds the chain
-    shutil.rmtree(leftover.workdir, ignore_errors=True)
-    if leftover.workdir.exists():
-        errors.append(f"nfqueue work directory {leftover.workdir} could not be deleted")
-    return errors
+    """:meth:`Leftover.remove`."""
+    return leftover.remove(timeout_s=timeout_s)
 
 
 def _stop(pids: Iterable[int], timeout_s: float) -> list[str]:

@@ -32,17 +32,15 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
+from squall.shaping.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
+
 from .errors import NetlinkError
 
-NETLINK_NETFILTER: Final = 12
 SOL_NETLINK: Final = 270
 NETLINK_NO_ENOBUFS: Final = 5
 SO_RCVBUFFORCE: Final = 33
 SO_SNDBUFFORCE: Final = 32
 
-NLMSG_ERROR: Final = 2
-NLM_F_REQUEST: Final = 1
-NLM_F_ACK: Final = 4
 
 NFNL_SUBSYS_QUEUE: Final = 3
 MSG_PACKET: Final = NFNL_SUBSYS_QUEUE << 8 | 0
@@ -81,12 +79,6 @@ _VERDICT_BODY = struct.Struct("!II")
 _ERRNO = struct.Struct("=i")
 VERDICT_SIZE: Final = 32
 MAX_SEND: Final = 64 * 1024  # bytes per datagram, well under the socket's send buffer
-
-
-def attr(kind: int, payload: bytes) -> bytes:
-    """One netlink attribute, padded to 4 bytes."""
-    length = 4 + len(payload)
-    return _NLATTR.pack(length, kind) + payload + b"\0" * (-length % 4)
 
 
 def message(kind: int, queue: int, payload: bytes, *, flags: int = NLM_F_REQUEST, seq: int = 0) -> bytes:

@@ -24,15 +24,16 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from squall.shaping.iptables import has_table, normalize_save, table_is_empty
+from squall.shaping.nft_table import delete_table
+
 from .config import MAX_QUEUE
 from .errors import RulesError
-from .nft_table import delete_table
 
 CHAIN_PREFIX = "SQUALL-"
 MAX_CHAIN = 28  # iptables chain names: XT_EXTENSION_MAXNAMELEN - 1
 TABLE = "mangle"
 _RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
-_BASE_CHAIN = re.compile(r"^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT \[0:0\]$")
 
 Runner = Callable[[list[str]], str]  # runs argv, returns stdout, raises RulesError
 
@@ -106,27 +107,6 @@ def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
     return ["nsenter", f"--net={netns}", "--", *argv]
 
 
-def normalize_save(text: str) -> str:
-    """``iptables-save`` output without comments and with counters zeroed, for comparisons."""
-    lines = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        lines.append(re.sub(r"\[\d+:\d+\]", "[0:0]", line))
-    return "\n".join(lines)
-
-
-def has_table(save_text: str, table: str = TABLE) -> bool:
-    """Whether a full ``iptables-save`` lists ``table`` (``-t`` would print it even when absent)."""
-    return f"*{table}" in save_text.splitlines()
-
-
-def table_is_empty(save_text: str) -> bool:
-    """Whether a normalized ``iptables-save -t mangle`` shows only base chains with ACCEPT policy."""
-    body = [line for line in normalize_save(save_text).splitlines() if line not in ("*mangle", "COMMIT")]
-    return all(_BASE_CHAIN.match(line) for line in body)
-
-
 def _table_section(save_text: str, table: str) -> str:
     """The lines of one table (``*table`` to its ``COMMIT``) of a normalized ``iptables-save``."""
     out: list[str] = []
@@ -183,4 +163,7 @@ def remove(installed: InstalledRules, runner: Runner = run, *, missing_ok: bool 
     if installed.created_table:
         after = _table_section(snapshot(installed.netns, runner), TABLE)
         if after and table_is_empty(after):
-            delete_table(installed.netns, TABLE)
+            try:
+                delete_table(installed.netns, TABLE)
+            except OSError as exc:
+                raise RulesError(f"deleting the {TABLE} table: {exc}") from exc
