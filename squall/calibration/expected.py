@@ -114,14 +114,13 @@ def loss_model(loss: Loss) -> LossModel:
     """The law of the loss count for one link's loss settings."""
     ge = loss.gemodel
     if ge is not None:
-        p, r = ge.p_pct / 100, ge.r_pct / 100
-        h, k = ge.loss_bad_pct / 100, ge.loss_good_pct / 100
+        p, r, h, k = ge.p, ge.r, ge.loss_bad, ge.loss_good
         pi = p / (p + r) if p + r > 0 else 0.0
         m = pi * h + (1 - pi) * k
         lam = 1.0 - p - r
         extra = 2 * (h - k) ** 2 * pi * (1 - pi) * lam / (1 - lam) if lam < 1 else 0.0
         return LossModel(m, m * (1 - m) + extra, independent=False)
-    p, rho = loss.percent / 100, loss.correlation_pct / 100
+    p, rho = loss.probability, loss.correlation
     if rho == 0:
         return LossModel(p, p * (1 - p), independent=True)
     return LossModel(p, p * (1 - p) * (1 + rho) / (1 - rho), independent=False)

@@ -117,7 +117,7 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
                  "false-failure budget)")
     unchecked = sorted({key for link in links for key, chance in (("duplication", state.links[link].duplicate),
                                                                    ("reordering", state.links[link].reorder))
-                        if chance.percent > 0})
+                        if chance.probability > 0})
     if unchecked:
         notes.append(f"{' and '.join(unchecked)} configured but not checked")
     return ProbePlan(tuple(links), count, rate, wait, min(BASELINE_COUNT, count), confidence, tuple(transfers),

@@ -26,7 +26,7 @@ from squall.profiles import (
 from squall.profiles.units import (
     UnitError,
     format_duration_us,
-    format_percent,
+    format_probability,
     format_rate_bps,
     parse_seconds,
 )
@@ -186,15 +186,15 @@ def _links_table(links: dict[tuple[int, int], LinkSpec]) -> str:
         jitter_text = "-"
         if jitter.amount_us:
             jitter_text = f"{format_duration_us(jitter.amount_us)} {jitter.distribution.value}"
-            jitter_text += f" c{format_percent(jitter.correlation_pct)}" if jitter.correlation_pct else ""
+            jitter_text += f" c{format_probability(jitter.correlation)}" if jitter.correlation else ""
         loss = spec.loss
-        loss_text = _chance(Chance(loss.percent, loss.correlation_pct))
+        loss_text = _chance(Chance(loss.probability, loss.correlation))
         if loss.gemodel:
             ge = loss.gemodel
             loss_text = (
-                f"ge p={format_percent(ge.p_pct)} r={format_percent(ge.r_pct)} "
-                f"1-h={format_percent(ge.loss_bad_pct)} 1-k={format_percent(ge.loss_good_pct)} "
-                f"(~{format_percent(round(ge.mean_loss_pct, 3))})"
+                f"ge p={format_probability(ge.p)} r={format_probability(ge.r)} "
+                f"1-h={format_probability(ge.loss_bad)} 1-k={format_probability(ge.loss_good)} "
+                f"(~{format_probability(round(ge.mean_loss, 5))})"
             )
         rows.append(
             [
@@ -242,10 +242,10 @@ def _devices_table(profile: Profile, n: int) -> str:
 
 def _chance(chance: Chance) -> str:
     """``1%``, ``1% c25%`` or ``-``."""
-    if not chance.percent:
+    if not chance.probability:
         return "-"
-    text = format_percent(chance.percent)
-    return text + (f" c{format_percent(chance.correlation_pct)}" if chance.correlation_pct else "")
+    text = format_probability(chance.probability)
+    return text + (f" c{format_probability(chance.correlation)}" if chance.correlation else "")
 
 
 def _rate(bits: int | None) -> str:

@@ -9,13 +9,14 @@ message naming the bound and where it comes from. The same constants bound hand-
 setting                   allowed                where the bound comes from
 ========================  =====================  ==================================================
 delay                     0 .. 2^63-1 ns         netem's ``TCA_NETEM_LATENCY64`` is a signed 64-bit
-                                                 count of nanoseconds (``shaping.netem_wire``)
+                                                 count of nanoseconds (``shaping.netem.wire``)
 jitter amount             0 .. 2^31-1 ns         netem caps jitter at ``INT_MAX`` ns, the range of
                                                  ``tabledist()`` (``netem_change`` in
                                                  ``net/sched/sch_netem.c``): 2.147483 s
-correlations              0% .. below 100%       the delay daemon's lag-1 correlations are in [0, 1)
-                                                 (``shaping.nfqueue.config.LinkParams``)
-percentages               0% .. 100%             a probability (``units.parse_percent``)
+correlations              0% .. below 100%       a lag-1 correlation of 1 would repeat the first
+                                                 draw for ever; kept as a fraction in [0, 1)
+percentages               0% .. 100%             a probability, kept as a fraction in [0, 1]
+                                                 (``units.parse_probability``)
 rate, uplink, downlink    8 bit/s .. 100 Gbit/s  tc rates are whole bytes per second (pyroute2 sends
                                                  ``rate // 8``); every link's HTB class sits under a
                                                  root class of 100 Gbit/s (``UNLIMITED_BPS`` in
@@ -40,13 +41,13 @@ from squall.profiles.units import (
     format_rate_bps,
     parse_duration_us,
     parse_packets,
-    parse_percent,
+    parse_probability,
     parse_rate_bps,
 )
 
 MAX_DELAY_US: Final = (2**63 - 1) // 1000  # netem's 64-bit latency attribute, in nanoseconds
 MAX_JITTER_US: Final = (2**31 - 1) // 1000  # netem caps jitter at INT_MAX ns (tabledist's range)
-MAX_CORRELATION_PCT: Final = 100.0  # exclusive: the daemon's correlations are in [0, 1)
+MAX_CORRELATION: Final = 1.0  # exclusive: at 1 the first draw repeats for ever
 MIN_RATE_BPS: Final = 8  # tc's rates are whole bytes per second: 1 byte/s at least
 MAX_RATE_BPS: Final = 100_000_000_000  # the HTB root class every link's class sits under
 MAX_LIMIT_PACKETS: Final = 0xFFFFFFFF  # netem's and pfifo's limit are 32-bit
@@ -54,7 +55,7 @@ MAX_WORKERS: Final = 250  # ClusterSpec.workers is 1..250 (squall/cluster/spec.p
 
 DELAY_RANGE: Final = f"0 to {MAX_DELAY_US}us (about 292 years: netem's 64-bit latency in nanoseconds)"
 JITTER_RANGE: Final = f"0 to {MAX_JITTER_US}us (2.147483s: netem caps jitter at 2^31-1 ns)"
-CORRELATION_RANGE: Final = "0% to below 100% (the delay daemon's correlations are in [0, 1))"
+CORRELATION_RANGE: Final = "0% to below 100% (at 100% the first draw would repeat for ever)"
 RATE_RANGE: Final = (
     f"{MIN_RATE_BPS}bit to {format_rate_bps(MAX_RATE_BPS)} (tc rates are whole bytes per second; "
     f"every link's HTB class sits under a {format_rate_bps(MAX_RATE_BPS)} root)"
@@ -103,11 +104,25 @@ parse_limit_packets: Final = _within(
 
 
 def parse_correlation(value: object) -> float:
-    """A correlation such as ``25%``: a percentage below 100% (100% would never change)."""
-    percent = parse_percent(value)
-    if percent >= MAX_CORRELATION_PCT:
+    """A correlation such as ``25%`` as a fraction (0.25): a percentage below 100% (100% would never change)."""
+    correlation = parse_probability(value)
+    if not is_correlation(correlation):
         raise UnitError(
             "a correlation must be below 100% (at 100% the first draw repeats for ever)",
             f"a percentage from {CORRELATION_RANGE} (e.g. 25%), or 0",
         )
-    return percent
+    return correlation
+
+
+# The bounds of a probability and of a correlation, for every place that checks one: a hand-built
+# LinkSpec (:mod:`.settings`), a profile (the parsers above) and the delay daemon's configuration.
+
+
+def is_probability(value: object) -> bool:
+    """A number (not a bool) in [0, 1]; NaN is not."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def is_correlation(value: object) -> bool:
+    """A probability below :data:`MAX_CORRELATION`: a lag-1 correlation in [0, 1)."""
+    return is_probability(value) and value < MAX_CORRELATION  # type: ignore[operator]

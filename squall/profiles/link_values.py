@@ -1,9 +1,10 @@
 """Parsers of the link settings whose values are more than one number: jitter, loss, duplicate, reorder.
 
 Each takes the value's origin (its key path, for errors) and the raw YAML value, and returns the
-model value or raises :class:`~squall.profiles.errors.ProfileError` naming the key and what is
-allowed. The one-number settings use the unit parsers of :mod:`.units` directly; which parser reads
-which key is declared in :mod:`.settings`.
+model value in its canonical units (percentages become fractions: ``5%`` is 0.05) or raises
+:class:`~squall.profiles.errors.ProfileError` naming the key and what is allowed. The one-number
+settings use the unit parsers of :mod:`.units` directly; which parser reads which key is declared
+in :mod:`.settings`, and so are the rules between the parts of a value.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Final
 
 from squall.profiles.bounds import parse_correlation, parse_jitter_us
 from squall.profiles.errors import Origin, Section, parse_at
+from squall.profiles.link_rules import correlated_only_if_set, gemodel_moves
 from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
-from squall.profiles.units import parse_percent
+from squall.profiles.units import parse_probability
 
 DISTRIBUTIONS: Final = ", ".join(d.value for d in Distribution)
 
@@ -21,12 +23,12 @@ DISTRIBUTIONS: Final = ", ".join(d.value for d in Distribution)
 def parse_chance(origin: Origin, raw: object, what: str) -> Chance:
     """``5%`` or ``{percent: 5%, correlation: 25%}``."""
     if not isinstance(raw, dict):
-        return Chance(parse_at(origin, raw, parse_percent))
+        return Chance(parse_at(origin, raw, parse_probability))
     section = Section(origin, raw, ("percent", "correlation"))
     chance = Chance(
-        section.get("percent", parse_percent) or 0.0, section.get("correlation", parse_correlation) or 0.0
+        section.get("percent", parse_probability) or 0.0, section.get("correlation", parse_correlation) or 0.0
     )
-    if chance.correlation_pct and not chance.percent:
+    if not correlated_only_if_set(chance.probability, chance.correlation):
         raise origin.at("correlation").error(
             f"{what} correlation without {what}",
             value=raw,
@@ -48,7 +50,7 @@ def parse_jitter(origin: Origin, raw: object) -> Jitter:
             raise origin.at("distribution").error("unknown distribution", value=name, allowed=DISTRIBUTIONS)
         distribution = Distribution(str(name))
     correlation = section.get("correlation", parse_correlation) or 0.0
-    if amount == 0 and (correlation or section.has("distribution")):
+    if not correlated_only_if_set(amount, correlation) or (amount == 0 and section.has("distribution")):
         raise origin.at("amount").error(
             "distribution or correlation without jitter", value=raw, allowed="an amount > 0, or drop them"
         )
@@ -59,14 +61,14 @@ def parse_gemodel(origin: Origin, raw: object) -> GilbertElliott:
     """``{p: 1%, r: 25%, 1-h: 100%, 1-k: 0%}`` (1-h and 1-k optional)."""
     section = Section(origin, raw, ("p", "r", "1-h", "1-k"))
     model = GilbertElliott(
-        p_pct=section.require("p", parse_percent, "a percentage"),
-        r_pct=section.require("r", parse_percent, "a percentage"),
-        loss_bad_pct=100.0 if (bad := section.get("1-h", parse_percent)) is None else bad,
-        loss_good_pct=section.get("1-k", parse_percent) or 0.0,
+        p=section.require("p", parse_probability, "a percentage"),
+        r=section.require("r", parse_probability, "a percentage"),
+        loss_bad=1.0 if (bad := section.get("1-h", parse_probability)) is None else bad,
+        loss_good=section.get("1-k", parse_probability) or 0.0,
     )
-    if model.r_pct == 0 and model.p_pct > 0:
+    if model.r == 0 and model.p > 0:
         raise origin.at("r").error("r = 0% never leaves the bad state", value=raw, allowed="r > 0%")
-    if model.r_pct == 0:  # and p = 0: the delay daemon refuses a chain that never moves
+    if not gemodel_moves(model.p, model.r):
         raise origin.at("r").error("p = r = 0% never moves between the states", value=raw, allowed="r > 0%")
     return model
 
@@ -74,7 +76,7 @@ def parse_gemodel(origin: Origin, raw: object) -> GilbertElliott:
 def parse_loss(origin: Origin, raw: object) -> Loss:
     """``1%``, ``{percent: 1%, correlation: 25%}`` or ``{gemodel: {...}}``."""
     if not isinstance(raw, dict):
-        return Loss(parse_at(origin, raw, parse_percent))
+        return Loss(parse_at(origin, raw, parse_probability))
     section = Section(origin, raw, ("percent", "correlation", "gemodel"))
     if section.has("gemodel"):
         if section.has("percent") or section.has("correlation"):
@@ -83,4 +85,4 @@ def parse_loss(origin: Origin, raw: object) -> Loss:
             )
         return Loss(gemodel=parse_gemodel(origin.at("gemodel"), section.value("gemodel")))
     chance = parse_chance(origin, raw, "loss")
-    return Loss(chance.percent, chance.correlation_pct)
+    return Loss(chance.probability, chance.correlation)

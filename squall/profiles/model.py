@@ -2,7 +2,10 @@
 
 Everything here is a frozen dataclass whose defaults mean "no impairment". Units are in field
 names: ``_us`` integer microseconds, ``_s`` float seconds, ``_bps`` integer bits per second,
-``_pct`` percent from 0 to 100, ``probability`` from 0 to 1.
+``_packets`` whole packets; a ``probability`` or ``correlation`` is a fraction from 0 to 1, and so
+are the Gilbert-Elliott parameters. These are the canonical units of the link settings (each row of
+:mod:`.settings` names its own): profiles are read into them (``1%`` becomes 0.01), the shaping
+plans carry them, and each backend translates them once, where it writes them.
 """
 
 from __future__ import annotations
@@ -27,47 +30,47 @@ class Jitter:
 
     amount_us: int = 0  # spread around the delay, integer microseconds; 0 = none
     distribution: Distribution = Distribution.UNIFORM  # shape of the spread
-    correlation_pct: float = 0.0  # how much each packet's jitter follows the previous one's
+    correlation: float = 0.0  # how much each packet's jitter follows the previous one's, [0, 1)
 
 
 @dataclass(frozen=True)
 class GilbertElliott:
-    """Bursty loss: a two-state Markov chain, netem's ``loss gemodel p r 1-h 1-k``."""
+    """Bursty loss: a two-state Markov chain, netem's ``loss gemodel p r 1-h 1-k``; probabilities 0-1."""
 
-    p_pct: float  # chance per packet of moving from the good to the bad state
-    r_pct: float  # chance per packet of moving from the bad back to the good state
-    loss_bad_pct: float = 100.0  # netem's 1-h: loss probability while in the bad state
-    loss_good_pct: float = 0.0  # netem's 1-k: loss probability while in the good state
+    p: float  # chance per packet of moving from the good to the bad state
+    r: float  # chance per packet of moving from the bad back to the good state
+    loss_bad: float = 1.0  # netem's 1-h: loss probability while in the bad state
+    loss_good: float = 0.0  # netem's 1-k: loss probability while in the good state
 
     @property
-    def mean_loss_pct(self) -> float:
-        """Long-run loss rate: the stationary share of each state times its loss probability."""
-        if self.p_pct + self.r_pct == 0:
-            return self.loss_good_pct
-        bad_share = self.p_pct / (self.p_pct + self.r_pct)
-        return bad_share * self.loss_bad_pct + (1 - bad_share) * self.loss_good_pct
+    def mean_loss(self) -> float:
+        """Long-run loss probability: the stationary share of each state times its loss probability."""
+        if self.p + self.r == 0:
+            return self.loss_good
+        bad_share = self.p / (self.p + self.r)
+        return bad_share * self.loss_bad + (1 - bad_share) * self.loss_good
 
 
 @dataclass(frozen=True)
 class Loss:
     """Packet loss: random (Bernoulli, optionally correlated) or Gilbert-Elliott bursts."""
 
-    percent: float = 0.0  # random loss; 0 when gemodel is used
-    correlation_pct: float = 0.0  # netem's loss correlation; only with percent > 0
+    probability: float = 0.0  # random loss, 0-1; 0 when gemodel is used
+    correlation: float = 0.0  # netem's loss correlation, [0, 1); only with probability > 0
     gemodel: GilbertElliott | None = None  # bursty loss instead of random loss
 
     @property
-    def mean_pct(self) -> float:
-        """The long-run share of packets lost."""
-        return self.gemodel.mean_loss_pct if self.gemodel else self.percent
+    def mean(self) -> float:
+        """The long-run share of packets lost (0-1)."""
+        return self.gemodel.mean_loss if self.gemodel else self.probability
 
 
 @dataclass(frozen=True)
 class Chance:
     """A per-packet chance with netem's correlation: used for duplication and reordering."""
 
-    percent: float = 0.0  # chance per packet, 0-100
-    correlation_pct: float = 0.0  # how much each draw follows the previous one; only with percent > 0
+    probability: float = 0.0  # chance per packet, 0-1
+    correlation: float = 0.0  # how much each draw follows the previous one, [0, 1); only with probability > 0
 
 
 @dataclass(frozen=True)

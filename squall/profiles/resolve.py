@@ -9,10 +9,11 @@ import dataclasses
 from typing import Any, cast
 
 from squall.profiles.errors import Origin
+from squall.profiles.link_rules import reorder_has_delay
 from squall.profiles.links import KEY_OF_FIELD, MIN_FIELDS, LinkPatch, LinkRules, NodeRule
 from squall.profiles.model import LinkSpec
 from squall.profiles.regions import RegionSet
-from squall.profiles.units import format_duration_us
+from squall.profiles.units import format_duration_us, format_probability
 
 
 class Resolver:
@@ -109,12 +110,12 @@ class Resolver:
 def check_link(spec: LinkSpec, resolver: Resolver) -> list[str]:
     """Reject combinations netem cannot do; return warnings for ones it does badly."""
     origins = resolver.origins
-    if spec.reorder.percent > 0 and spec.delay_us == 0:
+    if not reorder_has_delay(spec.reorder.probability, spec.delay_us):
         where = origins.get("delay_us")
         raise origins["reorder"].error(
             f"reorder needs a delay on link {resolver.label}"
             + (f" (delay is 0 from {where.key})" if where else " (no delay is set)"),
-            value=spec.reorder.percent,
+            value=format_probability(spec.reorder.probability),
             allowed="a delay > 0 on every link with reorder",
         )
     warnings: list[str] = []

@@ -5,15 +5,24 @@ A row says everything the harness needs to know about one setting:
 * **profile**: the key a ``links:`` section accepts, the parser that reads it, what it accepts,
   and whether a sender's egress and a receiver's ingress may both set it (``narrowest``: the
   smaller value wins, a packet crosses both), read by :mod:`.links` and :mod:`.resolve`;
-* **bounds** of a hand-built value (``check``), which ``squall.shaping.convert.check_spec`` applies
-  to states that did not come from a profile; the **neutral** value is the LinkSpec default;
+* **unit and bounds**: the canonical unit of the value (``unit``), the one every layer carries:
+  a profile's ``1%`` is read as 0.01, the shaping plans hold 0.01, and each backend translates it
+  once, where it writes it (netem's netlink encoding, ``squall.shaping.netem.wire``; the delay
+  daemon's configuration, ``squall.shaping.nfqueue.config``; HTB's bytes per second in
+  ``squall.shaping.tc``). ``check`` applies the bounds to a hand-built value
+  (``squall.shaping.convert.check_spec``); the **neutral** value is the LinkSpec default;
 * **shaping**: on each backend the carrier (the plan operation that applies it, and the attributes
-  of that operation's value that hold it) and the parts the backend refuses. ``squall.shaping``
-  derives ``needs_netem``, the netem leaf, the delay daemon's parameters and the refusals from it;
+  of that operation's value that hold it) and the parts the backend refuses. The backends derive
+  from it which settings a netem leaf and the delay daemon carry, and the refusals;
 * **calibration**: whether it stays on while rates are measured (``calm``, see :func:`calm`).
 
-Adding a setting is a LinkSpec field plus a row here (and a translator in ``squall.shaping.convert``
-for the carrier it names); ``tests/unit/test_link_settings.py`` fails until each backend either
+The rules between the parts of one link (a correlation needs its chance, reordering needs a delay,
+one loss model at a time, a Gilbert-Elliott chain that moves) are declared once, in
+:mod:`.link_rules`, and every place that checks a link uses them: a profile as it is read, a
+hand-built LinkSpec (:func:`problem`) and the delay daemon's configuration.
+
+Adding a setting is a LinkSpec field plus a row here (and a translator in each backend's plan for
+the carrier it names); ``tests/unit/test_link_settings.py`` fails until each backend either
 carries the new field or refuses it with an error naming it.
 """
 
@@ -29,18 +38,20 @@ from squall.profiles.bounds import (
     DELAY_RANGE,
     JITTER_RANGE,
     LIMIT_RANGE,
-    MAX_CORRELATION_PCT,
     MAX_DELAY_US,
     MAX_JITTER_US,
     MAX_LIMIT_PACKETS,
     MAX_RATE_BPS,
     MIN_RATE_BPS,
     RATE_RANGE,
+    is_correlation,
+    is_probability,
     parse_delay_us,
     parse_limit_packets,
     parse_link_rate_bps,
 )
 from squall.profiles.errors import Origin, parse_at
+from squall.profiles.link_rules import GEMODEL_PARTS, gemodel_moves, one_loss_model, reorder_has_delay
 from squall.profiles.link_values import parse_chance, parse_jitter, parse_loss
 from squall.profiles.model import Jitter, LinkSpec, Loss
 from squall.profiles.units import DURATION_ALLOWED, PACKETS_ALLOWED, RATE_ALLOWED
@@ -57,7 +68,7 @@ class Carrier(enum.StrEnum):
     NETEM = "netem"  # "an attribute of the link's netem leaf (QdiscOp holding a Netem)"
     HTB = "htb"  # "the rate and ceil of the link's HTB class in the sender (ClassOp)"
     QUEUE_LIMIT = "queue_limit"  # "the length of the queue the link's other settings create; alone it sizes nothing"
-    DAEMON = "daemon"  # "a parameter of the delay daemon's queue in the receiver (QueueOp's LinkParams)"
+    DAEMON = "daemon"  # "a parameter of the delay daemon's queue for the link (QueueOp's LinkParams)"
     TEE = "tee"  # "an iptables TEE rule with a random statistic match in the sender (RuleOp)"
 
 
@@ -92,6 +103,7 @@ class LinkSetting:
     key: str  # the key in a links section (links.default.delay, links.pairs[0].rate, ...)
     parse: Parser  # reads the key's value; raises ProfileError naming the key and what is allowed
     accepts: str  # what the key accepts, for documentation
+    unit: str  # the canonical unit of the value, carried from the profile to where a backend writes it
     check: Checker  # bounds of a hand-built value (profiles guarantee them through ``parse``)
     narrowest: bool  # egress and ingress may both set it: the smaller value wins
     calm: bool  # stays on while calibration measures rates (the others are switched off)
@@ -135,21 +147,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_pct(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 100
-
-
 def _first(*problems: str | None) -> str | None:
     return next((p for p in problems if p), None)
 
 
-def _pct(name: str, value: object) -> str | None:
-    return None if _is_pct(value) else f"{name} must be a percentage in [0, 100], got {value!r}"
+def _prob(name: str, value: object) -> str | None:
+    return None if is_probability(value) else f"{name} must be a probability in [0, 1], got {value!r}"
 
 
 def _corr(name: str, value: object) -> str | None:
-    ok = _is_pct(value) and isinstance(value, int | float) and value < MAX_CORRELATION_PCT  # isinstance: mypy
-    return None if ok else f"{name} correlation must be in [0, 100), got {value!r}"
+    return None if is_correlation(value) else f"{name} correlation must be in [0, 1), got {value!r}"
 
 
 def _check_delay(value: object) -> str | None:
@@ -162,24 +169,23 @@ def _check_jitter(jitter: Jitter) -> str | None:
     return _first(
         None if ok else f"jitter must be an integer >= 0 and <= {MAX_JITTER_US}, got {jitter.amount_us!r} "
         f"({JITTER_RANGE})",
-        _corr("jitter", jitter.correlation_pct),
+        _corr("jitter", jitter.correlation),
     )
 
 
 def _check_loss(loss: Loss) -> str | None:
-    problem = _first(_pct("loss", loss.percent), _corr("loss", loss.correlation_pct))
+    problem = _first(_prob("loss", loss.probability), _corr("loss", loss.correlation))
     ge = loss.gemodel
     if problem or ge is None:
         return problem
-    if loss.percent != 0:
-        return "loss percent and gemodel are two loss models; give one"
-    parts = ("p_pct", "r_pct", "loss_bad_pct", "loss_good_pct")
-    return _first(*(_pct(f"gemodel {name}", getattr(ge, name)) for name in parts),
-                  None if ge.p_pct + ge.r_pct > 0 else "gemodel needs p + r > 0")
+    if not one_loss_model(loss.probability, ge):
+        return "loss probability and gemodel are two loss models; give one"
+    return _first(*(_prob(f"gemodel {name}", getattr(ge, name)) for name in GEMODEL_PARTS),
+                  None if gemodel_moves(ge.p, ge.r) else "gemodel needs p + r > 0")
 
 
 def _check_chance(name: str) -> Checker:
-    return lambda chance: _first(_pct(name, chance.percent), _corr(name, chance.correlation_pct))
+    return lambda chance: _first(_prob(name, chance.probability), _corr(name, chance.correlation))
 
 
 def _check_rate(value: object) -> str | None:
@@ -207,9 +213,12 @@ def _sizes_a_daemon_queue(spec: LinkSpec) -> bool:
 
 # ----------------------------------------------------------------------------- the table
 
+CHANCE_UNIT: Final = "probability: a fraction in [0, 1]; correlation: a fraction in [0, 1)"
+
 SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="delay_us", key="delay", parse=_unit(parse_delay_us), accepts=f"{DURATION_ALLOWED}; {DELAY_RANGE}",
+        unit="integer microseconds",
         check=_check_delay, narrowest=False, calm=True,  # transfers see the real round trip
         netem=Treatment(Carrier.NETEM, ("Netem.delay_us",)),
         nfqueue=Treatment(Carrier.DAEMON, ("LinkParams.delay_us",)),
@@ -217,8 +226,9 @@ SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="jitter", key="jitter", parse=parse_jitter,
         accepts=f"a duration (5ms) or {{amount: 5ms, distribution: normal, correlation: 25%}}; {JITTER_RANGE}",
+        unit="amount: integer microseconds; correlation: a fraction in [0, 1)",
         check=_check_jitter, narrowest=False, calm=False,
-        netem=Treatment(Carrier.NETEM, ("Netem.jitter_us", "Netem.distribution", "Netem.delay_corr_pct")),
+        netem=Treatment(Carrier.NETEM, ("Netem.jitter_us", "Netem.distribution", "Netem.delay_corr")),
         nfqueue=Treatment(
             Carrier.DAEMON, ("LinkParams.jitter_us", "LinkParams.distribution", "LinkParams.jitter_correlation")
         ),
@@ -226,8 +236,9 @@ SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="loss", key="loss", parse=parse_loss,
         accepts="a percentage (1%), {percent: 1%, correlation: 25%} or {gemodel: {p: 1%, r: 25%, 1-h: 100%, 1-k: 0%}}",
+        unit=f"{CHANCE_UNIT}; gemodel p, r, 1-h, 1-k: fractions in [0, 1]",
         check=_check_loss, narrowest=False, calm=False,  # TCP cannot fill a lossy pipe
-        netem=Treatment(Carrier.NETEM, ("Netem.loss_pct", "Netem.loss_corr_pct", "Netem.gemodel")),
+        netem=Treatment(Carrier.NETEM, ("Netem.loss", "Netem.loss_corr", "Netem.gemodel")),
         nfqueue=Treatment(
             Carrier.DAEMON, ("LinkParams.loss", "LinkParams.loss_correlation", "LinkParams.gilbert_elliott")
         ),
@@ -235,15 +246,16 @@ SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="duplicate", key="duplicate", parse=_chance_of("duplicate"),
         accepts="a percentage (1%) or {percent: 1%, correlation: 25%}",
+        unit=CHANCE_UNIT,
         check=_check_chance("duplicate"), narrowest=False, calm=False,
-        netem=Treatment(Carrier.NETEM, ("Netem.duplicate_pct", "Netem.duplicate_corr_pct")),
+        netem=Treatment(Carrier.NETEM, ("Netem.duplicate", "Netem.duplicate_corr")),
         nfqueue=Treatment(
             Carrier.TEE,
             ("RuleOp.probability",),
             refuses=(
                 Refusal(
                     "duplicate correlation",
-                    lambda spec: spec.duplicate.percent > 0 and spec.duplicate.correlation_pct > 0,
+                    lambda spec: spec.duplicate.probability > 0 and spec.duplicate.correlation > 0,
                     "iptables statistic draws each packet independently",
                     "use netem or drop the correlation",
                 ),
@@ -253,12 +265,14 @@ SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="reorder", key="reorder", parse=_chance_of("reorder"),
         accepts="a percentage (1%) or {percent: 1%, correlation: 25%}; needs a delay",
+        unit=CHANCE_UNIT,
         check=_check_chance("reorder"), narrowest=False, calm=False,
-        netem=Treatment(Carrier.NETEM, ("Netem.reorder_pct", "Netem.reorder_corr_pct")),
+        netem=Treatment(Carrier.NETEM, ("Netem.reorder", "Netem.reorder_corr")),
         nfqueue=Treatment(Carrier.DAEMON, ("LinkParams.reorder", "LinkParams.reorder_correlation")),
     ),
     LinkSetting(
         field="rate_bps", key="rate", parse=_unit(parse_link_rate_bps), accepts=f"{RATE_ALLOWED}; {RATE_RANGE}",
+        unit="integer bits per second (tc's executor hands pyroute2 bytes per second)",
         check=_check_rate, narrowest=True, calm=True,  # what the transfers measure
         netem=Treatment(Carrier.HTB, ("ClassOp.rate_bps", "ClassOp.ceil_bps")),
         nfqueue=Treatment(Carrier.HTB, ("ClassOp.rate_bps", "ClassOp.ceil_bps")),
@@ -266,6 +280,7 @@ SETTINGS: Final[tuple[LinkSetting, ...]] = (
     LinkSetting(
         field="limit_packets", key="limit", parse=_unit(parse_limit_packets),
         accepts=f"{PACKETS_ALLOWED}; {LIMIT_RANGE}",
+        unit="whole packets",
         check=_check_limit, narrowest=True, calm=True,  # the bottleneck buffer shapes a transfer
         netem=Treatment(Carrier.QUEUE_LIMIT, ("Netem.limit",)),
         nfqueue=Treatment(
@@ -301,6 +316,13 @@ def refusals(spec: LinkSpec, backend: str) -> list[Refusal]:
 def out_of_bounds(spec: LinkSpec) -> str | None:
     """The first setting of a hand-built ``spec`` outside its bounds, as a message; None when all are in."""
     return _first(*(s.check(s.value(spec)) for s in SETTINGS))
+
+
+def problem(spec: LinkSpec) -> str | None:
+    """What no backend can apply in a hand-built ``spec``: a setting out of bounds, or reordering without
+    a delay; None when it is fine. Profiles check the same as they are read."""
+    return _first(out_of_bounds(spec), None if reorder_has_delay(spec.reorder.probability, spec.delay_us)
+                  else "reorder needs a delay (packets skip it)")
 
 
 def calm(spec: LinkSpec, *, drop: frozenset[str] = frozenset()) -> LinkSpec:

@@ -10,7 +10,8 @@ Choices, documented in ``netem_profiles/README.md`` too:
   ``kibit``/``mibit``/``gibit`` (and ``…ibps``) are powers of 1024. Units are case-insensitive
   (``20Mbit`` = ``20mbit``), except that ``Kbps``/``Mbps``/``Gbps`` spelled with a capital prefix and
   a small ``bps`` are rejected: in everyday writing they mean megabits, in tc megabytes.
-- Percentages stay **percent as a float** (0-100), as netem takes them: ``1%``, ``0.5%``.
+- Percentages become **probabilities**, fractions from 0 to 1 (``1%`` is 0.01,
+  :func:`parse_probability`): the canonical unit of every chance and correlation of a link.
 - Queue limits are **packets** (int): ``1000``, ``"1000p"``, ``"1000 packets"``.
 """
 
@@ -266,3 +267,8 @@ def format_rate_bps(bits: int) -> str:
 def format_percent(percent: float) -> str:
     """A percentage with its sign: ``0.5%``."""
     return f"{_short(percent)}%"
+
+
+def format_probability(probability: float) -> str:
+    """A probability (0-1) as the percentage a profile writes: 0.005 is ``0.5%``."""
+    return format_percent(probability * 100)

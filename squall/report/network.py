@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from squall.profiles import LinkSpec, Profile, ProfileError, load_profile
-from squall.profiles.units import format_duration_us, format_percent, format_rate_bps
+from squall.profiles.units import format_duration_us, format_probability, format_rate_bps
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +29,11 @@ PASSED = "passed"  # CalibrationOutcome.PASSED's value
 
 
 # -- what network ----------------------------------------------------------------------------------
-def _chance(percent: float, correlation: float) -> str:
-    if not percent:
+def _chance(probability: float, correlation: float) -> str:
+    if not probability:
         return "-"
-    return format_percent(percent) + (f" (correlation {format_percent(correlation)})" if correlation else "")
+    return format_probability(probability) + (f" (correlation {format_probability(correlation)})"
+                                              if correlation else "")
 
 
 def link_cells(spec: LinkSpec) -> list[str]:
@@ -40,14 +41,14 @@ def link_cells(spec: LinkSpec) -> list[str]:
     jitter = "-"
     if spec.jitter.amount_us:
         jitter = f"{format_duration_us(spec.jitter.amount_us)} {spec.jitter.distribution.value}"
-        if spec.jitter.correlation_pct:
-            jitter += f" (correlation {format_percent(spec.jitter.correlation_pct)})"
-    loss = _chance(spec.loss.percent, spec.loss.correlation_pct)
+        if spec.jitter.correlation:
+            jitter += f" (correlation {format_probability(spec.jitter.correlation)})"
+    loss = _chance(spec.loss.probability, spec.loss.correlation)
     if spec.loss.gemodel:
-        loss = f"bursty, mean {format_percent(round(spec.loss.gemodel.mean_loss_pct, 3))}"
+        loss = f"bursty, mean {format_probability(round(spec.loss.gemodel.mean_loss, 5))}"
     return [format_duration_us(spec.delay_us) if spec.delay_us else "0", jitter, loss,
-            _chance(spec.duplicate.percent, spec.duplicate.correlation_pct),
-            _chance(spec.reorder.percent, spec.reorder.correlation_pct),
+            _chance(spec.duplicate.probability, spec.duplicate.correlation),
+            _chance(spec.reorder.probability, spec.reorder.correlation),
             format_rate_bps(spec.rate_bps) if spec.rate_bps else "unlimited",
             str(spec.limit_packets) if spec.limit_packets else "auto"]
 

@@ -14,7 +14,7 @@ import math
 
 from squall.profiles import LinkSpec
 from squall.profiles.bounds import MAX_LIMIT_PACKETS, MAX_RATE_BPS, MIN_RATE_BPS, RATE_RANGE
-from squall.profiles.settings import out_of_bounds, refusals
+from squall.profiles.settings import problem, refusals
 from squall.shaping.base import ShapingError
 
 UNLIMITED_BPS = MAX_RATE_BPS  # HTB rate of a link without a rate: 100 Gbit/s, far above a veth (the highest rate)
@@ -34,15 +34,13 @@ def label(src: int, dst: int) -> str:
 
 
 def check_spec(spec: LinkSpec, where: str) -> None:
-    """Reject settings no backend can apply (the bounds of each row of the settings table, and reorder
-    without a delay); profiles check the same, hand-built states may not."""
+    """Reject settings no backend can apply (:func:`squall.profiles.settings.problem`: the bounds of each
+    row of the settings table and the rules between them); profiles check the same, hand-built states may not."""
     if not isinstance(spec, LinkSpec):
         raise ShapingError(f"{where}: expected a LinkSpec, got {type(spec).__name__}")
-    problem = out_of_bounds(spec)
-    if problem:
-        raise ShapingError(f"{where}: {problem}")
-    if spec.reorder.percent > 0 and spec.delay_us == 0:
-        raise ShapingError(f"{where}: reorder needs a delay (packets skip it)")
+    found = problem(spec)
+    if found:
+        raise ShapingError(f"{where}: {found}")
 
 
 def check_backend(spec: LinkSpec, backend: str, where: str) -> None:

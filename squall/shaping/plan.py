@@ -216,10 +216,10 @@ def drop_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list
 def tee_rule(address: str, spec: LinkSpec) -> RuleOp:
     """In the sender: TEE the link's share of duplicated packets to ``address`` (no correlation: iptables
     draws each packet independently, so a backend refuses or keeps a correlated duplication itself)."""
-    return RuleOp("POSTROUTING", "TEE", address, probability=spec.duplicate.percent / 100)
+    return RuleOp("POSTROUTING", "TEE", address, probability=spec.duplicate.probability)
 
 
 def tee_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
     """In the sender: a TEE rule (:func:`tee_rule`) to each destination whose link duplicates."""
     return [tee_rule(eps[dst].address, link_spec(state, node, dst)) for dst in eps
-            if dst != node and link_spec(state, node, dst).duplicate.percent != 0]
+            if dst != node and link_spec(state, node, dst).duplicate.probability != 0]

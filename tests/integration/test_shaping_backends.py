@@ -189,7 +189,7 @@ def test_blocked_pair_drops_everything_and_unblocking_restores(lan: Lan, shaper:
 
 def test_duplication(lan: Lan, shaper: Shaper) -> None:
     n, p = 1_000, 0.2
-    shaper.apply(LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(100 * p)), [(0, 1)])))
+    shaper.apply(LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(p)), [(0, 1)])))
     result = lan.probe(0, 1, count=n, interval_us=500, wait_s=0.2)
     dups = len(result.seqs) - result.received
     # Binomial(1000, 0.2): 200 +- 12.6; [150, 250] holds with probability > 0.9999
@@ -278,7 +278,7 @@ def _check_change(lan: Lan, shaper: Shaper) -> None:
 def test_clear_restores_namespaces_exactly(lan: Lan, shaper: Shaper) -> None:
     before = lan.snapshot()
     shaper.apply(LinkState(
-        links(LinkSpec(delay_us=3_000, rate_bps=50_000_000, duplicate=Chance(1.0))),
+        links(LinkSpec(delay_us=3_000, rate_bps=50_000_000, duplicate=Chance(0.01))),
         node_links={0: NodeLinkSpec(uplink_bps=80_000_000, downlink_bps=60_000_000)},
         blocked=frozenset({(2, 1)}),
     ))
@@ -323,7 +323,7 @@ def test_incremental_changes_match_a_fresh_apply(lan: Lan, shaper: Shaper) -> No
         LinkState(links(d9, [(0, 2)]) | links(LinkSpec(rate_bps=2 * 10**7), [(1, 2)])),  # one goes, others change
         LinkState(links(d9, [(0, 2)]), node_links={0: NodeLinkSpec(downlink_bps=10**8)}),  # IFB appears
         LinkState(links(d9, [(0, 2)]), node_links={0: NodeLinkSpec(downlink_bps=10**7, uplink_bps=10**8)}),
-        LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(1.0))), blocked=frozenset({(1, 0), (2, 0)})),
+        LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(0.01))), blocked=frozenset({(1, 0), (2, 0)})),
         LinkState(links(d5), blocked=frozenset({(1, 0)})),  # IFB, uplink, TEE go; one DROP stays
         LinkState({}),
     ]

@@ -78,7 +78,7 @@ def test_clear_restores_namespaces_exactly_netem(lan: Lan, shaper: Shaper) -> No
     before = lan.snapshot()
     cost = path_cost_us(lan, 0, 1)
     shaper.apply(LinkState(
-        links(LinkSpec(delay_us=3_000, rate_bps=50_000_000, duplicate=Chance(1.0))),
+        links(LinkSpec(delay_us=3_000, rate_bps=50_000_000, duplicate=Chance(0.01))),
         node_links={0: NodeLinkSpec(uplink_bps=80_000_000, downlink_bps=60_000_000)},
         blocked=frozenset({(2, 1)}),
     ))
@@ -236,7 +236,7 @@ def test_duplication_netem(lan: Lan, shaper: Shaper) -> None:
     often, is outside it whatever the host does.
     """
     p = 0.2
-    shaper.apply(LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(100 * p)), [(0, 1)])))
+    shaper.apply(LinkState(links(LinkSpec(delay_us=1_000, duplicate=Chance(p)), [(0, 1)])))
 
     def measure() -> None:
         result = lan.probe(0, 1, count=DUP_COUNT, interval_us=DUP_INTERVAL_US, wait_s=0.5)

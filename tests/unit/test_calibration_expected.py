@@ -67,12 +67,12 @@ def _count_variance(draw: random.Random, make: object, n: int, runs: int) -> tup
 
 
 def test_independent_loss_is_binomial() -> None:
-    model = loss_model(Loss(1.0))
+    model = loss_model(Loss(0.01))
     assert (model.mean, model.variance, model.independent, model.dispersion) == (0.01, 0.0099, True, 1.0)
 
 
 def test_correlated_loss_variance_matches_the_daemons_chain() -> None:
-    model = loss_model(Loss(5.0, 50.0))
+    model = loss_model(Loss(0.05, 0.5))
     assert not model.independent
     assert model.dispersion == pytest.approx(3.0)  # (1 + rho) / (1 - rho)
     rng = random.Random(7)
@@ -82,9 +82,9 @@ def test_correlated_loss_variance_matches_the_daemons_chain() -> None:
 
 
 def test_gilbert_elliott_mean_and_variance_match_simulation() -> None:
-    ge = GilbertElliott(p_pct=0.5, r_pct=20.0)
+    ge = GilbertElliott(p=0.005, r=0.2)
     model = loss_model(Loss(gemodel=ge))
-    assert model.mean == pytest.approx(ge.mean_loss_pct / 100)
+    assert model.mean == pytest.approx(ge.mean_loss)
     assert model.dispersion == pytest.approx(8.76, rel=0.01)  # 1 + 2 (1 - pi) lam / (1 - lam)
     rng = random.Random(11)
     mean, var = _count_variance(rng, lambda r: GilbertElliottLoss(DaemonGE(0.005, 0.2), r), 6000, 300)
@@ -93,10 +93,10 @@ def test_gilbert_elliott_mean_and_variance_match_simulation() -> None:
 
 
 def test_round_trip_loss_combines_both_legs() -> None:
-    model = round_trip_loss(Loss(1.0), Loss(10.0))
+    model = round_trip_loss(Loss(0.01), Loss(0.1))
     assert model.mean == pytest.approx(1 - 0.99 * 0.9)
     assert model.independent
-    assert not round_trip_loss(Loss(1.0, 25.0), Loss()).independent
+    assert not round_trip_loss(Loss(0.01, 0.25), Loss()).independent
 
 
 @pytest.mark.parametrize("rate, uplink, downlink, expected", [

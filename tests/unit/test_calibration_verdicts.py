@@ -179,10 +179,10 @@ def test_heavy_tailed_jitter_is_not_filtered() -> None:
 
 @pytest.mark.parametrize("model, expected", [
     (loss_model(Loss(0.0)), 459),  # ln(0.01) / ln(0.99)
-    (loss_model(Loss(1.0)), 2627),  # 2.5758^2 * 0.99 / 0.005^2
-    (loss_model(Loss(10.0)), 239),
-    (loss_model(Loss(100.0)), 1),
-    (loss_model(Loss(gemodel=GilbertElliott(0.5, 20.0))), 9295),  # variance 0.20835 per packet, by hand
+    (loss_model(Loss(0.01)), 2627),  # 2.5758^2 * 0.99 / 0.005^2
+    (loss_model(Loss(0.1)), 239),
+    (loss_model(Loss(1.0)), 1),
+    (loss_model(Loss(gemodel=GilbertElliott(0.005, 0.2))), 9295),  # variance 0.20835 per packet, by hand
 ])
 def test_packets_needed_for_a_loss_check(model: LossModel, expected: int) -> None:
     assert loss_packets_needed(model, 0.99) == pytest.approx(expected, rel=0.01)
@@ -192,19 +192,19 @@ def test_packets_needed_for_a_loss_check(model: LossModel, expected: int) -> Non
     (Loss(0.0), 2000, 0, P),
     (Loss(0.0), 2000, 1, F),  # a link without loss lost a packet
     (Loss(0.0), 400, 0, U),  # fewer than 459 packets
-    (Loss(1.0), 4000, 40, P),
-    (Loss(1.0), 4000, 25, P),  # the 99 % region is 25..57 (exact binomial)
-    (Loss(1.0), 4000, 24, F),
-    (Loss(1.0), 4000, 57, P),
-    (Loss(1.0), 4000, 58, F),
-    (Loss(1.0), 2000, 20, U),  # 2627 needed
-    (Loss(10.0), 500, 50, P),
-    (Loss(10.0), 500, 80, F),
-    (Loss(10.0), 500, 600, U),  # inconsistent counts
-    (Loss(5.0, 50.0), 8000, 430, P),  # correlated: normal region with 3x the variance
-    (Loss(5.0, 50.0), 8000, 520, F),
-    (Loss(100.0), 1000, 1000, P),  # a blocked link
-    (Loss(100.0), 1000, 999, F),
+    (Loss(0.01), 4000, 40, P),
+    (Loss(0.01), 4000, 25, P),  # the 99 % region is 25..57 (exact binomial)
+    (Loss(0.01), 4000, 24, F),
+    (Loss(0.01), 4000, 57, P),
+    (Loss(0.01), 4000, 58, F),
+    (Loss(0.01), 2000, 20, U),  # 2627 needed
+    (Loss(0.1), 500, 50, P),
+    (Loss(0.1), 500, 80, F),
+    (Loss(0.1), 500, 600, U),  # inconsistent counts
+    (Loss(0.05, 0.5), 8000, 430, P),  # correlated: normal region with 3x the variance
+    (Loss(0.05, 0.5), 8000, 520, F),
+    (Loss(1.0), 1000, 1000, P),  # a blocked link
+    (Loss(1.0), 1000, 999, F),
 ])
 def test_loss(loss: Loss, packets: int, lost: int, verdict: CalibrationOutcome) -> None:
     row = check_loss(LINK, loss_model(loss), packets, lost)
@@ -216,7 +216,7 @@ def test_loss(loss: Loss, packets: int, lost: int, verdict: CalibrationOutcome) 
 
 def test_loss_false_failure_rate_of_a_correct_link_is_at_most_one_percent() -> None:
     rng = random.Random(12345)
-    model, n = loss_model(Loss(1.0)), 3000
+    model, n = loss_model(Loss(0.01)), 3000
     runs = 1500
     failures = sum(check_loss(LINK, model, n, sum(rng.random() < 0.01 for _ in range(n))).verdict == F
                    for _ in range(runs))
@@ -225,8 +225,8 @@ def test_loss_false_failure_rate_of_a_correct_link_is_at_most_one_percent() -> N
 
 
 def test_loss_confidence_can_be_tightened() -> None:
-    loose = check_loss(LINK, loss_model(Loss(1.0)), 6000, 85, confidence=0.99)
-    tight = check_loss(LINK, loss_model(Loss(1.0)), 6000, 85, confidence=0.9999)
+    loose = check_loss(LINK, loss_model(Loss(0.01)), 6000, 85, confidence=0.99)
+    tight = check_loss(LINK, loss_model(Loss(0.01)), 6000, 85, confidence=0.9999)
     assert (loose.verdict, tight.verdict) == (F, P)
 
 

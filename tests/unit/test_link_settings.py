@@ -38,11 +38,11 @@ DELAY = 5000
 # a delay or a rate creates). A field missing here fails test_every_field_has_examples.
 EXAMPLES: dict[str, list[LinkSpec]] = {
     "delay_us": [LinkSpec(delay_us=DELAY)],
-    "jitter": [LinkSpec(jitter=Jitter(1000)), LinkSpec(delay_us=DELAY, jitter=Jitter(1000, Distribution.NORMAL, 25.0))],
-    "loss": [LinkSpec(loss=Loss(5.0)), LinkSpec(loss=Loss(5.0, 25.0)),
-             LinkSpec(loss=Loss(gemodel=GilbertElliott(1.0, 20.0, 90.0, 1.0)))],
-    "duplicate": [LinkSpec(duplicate=Chance(5.0)), LinkSpec(duplicate=Chance(5.0, 10.0))],
-    "reorder": [LinkSpec(delay_us=DELAY, reorder=Chance(5.0)), LinkSpec(delay_us=DELAY, reorder=Chance(5.0, 50.0))],
+    "jitter": [LinkSpec(jitter=Jitter(1000)), LinkSpec(delay_us=DELAY, jitter=Jitter(1000, Distribution.NORMAL, 0.25))],
+    "loss": [LinkSpec(loss=Loss(0.05)), LinkSpec(loss=Loss(0.05, 0.25)),
+             LinkSpec(loss=Loss(gemodel=GilbertElliott(0.01, 0.2, 0.9, 0.01)))],
+    "duplicate": [LinkSpec(duplicate=Chance(0.05)), LinkSpec(duplicate=Chance(0.05, 0.1))],
+    "reorder": [LinkSpec(delay_us=DELAY, reorder=Chance(0.05)), LinkSpec(delay_us=DELAY, reorder=Chance(0.05, 0.5))],
     "rate_bps": [LinkSpec(rate_bps=10**6), LinkSpec(delay_us=DELAY, rate_bps=10**6)],
     "limit_packets": [LinkSpec(delay_us=DELAY, limit_packets=50), LinkSpec(rate_bps=10**6, limit_packets=50),
                       LinkSpec(delay_us=DELAY, rate_bps=10**6, limit_packets=50)],
@@ -130,7 +130,7 @@ def test_a_limit_alone_sizes_nothing_on_either_backend() -> None:
 def test_the_refusals_keep_their_messages() -> None:
     with pytest.raises(ShapingError, match=r"link 0 -> 1: limit without a rate is not supported by the nfqueue"):
         PLANNERS["nfqueue"](EPS, LinkState({(0, 1): LinkSpec(delay_us=DELAY, limit_packets=50)}))
-    assert PLANNERS["netem"](EPS, LinkState({(0, 1): LinkSpec(delay_us=DELAY, duplicate=Chance(5.0, 10.0))}))
+    assert PLANNERS["netem"](EPS, LinkState({(0, 1): LinkSpec(delay_us=DELAY, duplicate=Chance(0.05, 0.1))}))
 
 
 def test_profile_keys_come_from_the_table() -> None:
@@ -139,11 +139,11 @@ def test_profile_keys_come_from_the_table() -> None:
     assert [field for field, _ in patch.items()] == [s.field for s in SETTINGS]
     values: dict[str, Any] = dict(patch.items())
     spec = dataclasses.replace(LinkSpec(), **values)
-    assert spec == LinkSpec(5000, Jitter(1000), Loss(1.0), Chance(2.0), Chance(3.0), 10**7, 100)
+    assert spec == LinkSpec(5000, Jitter(1000), Loss(0.01), Chance(0.02), Chance(0.03), 10**7, 100)
     assert netem_qdisc(spec, spec.rate_bps).limit == 100 and link_params(spec).reorder == 0.03
 
 
-FULL = LinkSpec(DELAY, Jitter(1000), Loss(1.0), Chance(2.0), Chance(3.0), 10**7, 100)
+FULL = LinkSpec(DELAY, Jitter(1000), Loss(0.01), Chance(0.02), Chance(0.03), 10**7, 100)
 
 
 def test_calm_is_a_whitelist() -> None:
@@ -155,7 +155,7 @@ def test_calm_is_a_whitelist() -> None:
 
 
 def test_calibration_phases_keep_the_calm_settings_and_plan_on_both_backends() -> None:
-    st = LinkState({(0, 1): FULL, (1, 0): LinkSpec(loss=Loss(5.0))}, {0: NodeLinkSpec(uplink_bps=10**8)},
+    st = LinkState({(0, 1): FULL, (1, 0): LinkSpec(loss=Loss(0.05))}, {0: NodeLinkSpec(uplink_bps=10**8)},
                    frozenset({(1, 0)}))
     calm_state, free = rate_only(st), unlimited(st)
     assert calm_state.links == {(0, 1): calm(FULL), (1, 0): LinkSpec()} and calm_state.node_links == st.node_links
@@ -163,3 +163,22 @@ def test_calibration_phases_keep_the_calm_settings_and_plan_on_both_backends() -
     for backend in BACKENDS:
         for state in (calm_state, free):
             PLANNERS[backend](EPS, state)
+
+
+def test_every_row_names_its_unit_and_the_plans_carry_values_in_it() -> None:
+    """One unit per setting: the netem leaf and the daemon's parameters hold the LinkSpec's own numbers."""
+    assert all(s.unit for s in SETTINGS)
+    ge = GilbertElliott(0.01, 0.2, 0.9, 0.01)
+    spec = LinkSpec(DELAY, Jitter(1000, Distribution.NORMAL, 0.25), Loss(0.05, 0.125), Chance(0.02),
+                    Chance(0.03, 0.5), 10**7, 100)
+    leaf = netem_qdisc(spec, spec.rate_bps)
+    assert (leaf.delay_us, leaf.jitter_us, leaf.delay_corr, leaf.loss, leaf.loss_corr, leaf.duplicate, leaf.reorder,
+            leaf.reorder_corr, leaf.limit) == (DELAY, 1000, 0.25, 0.05, 0.125, 0.02, 0.03, 0.5, 100)
+    params = link_params(spec)
+    assert (params.delay_us, params.jitter_us, params.jitter_correlation, params.loss, params.loss_correlation,
+            params.reorder, params.reorder_correlation) == (DELAY, 1000, 0.25, 0.05, 0.125, 0.03, 0.5)
+    bursty = dataclasses.replace(spec, loss=Loss(gemodel=ge))
+    daemon_ge = link_params(bursty).gilbert_elliott
+    assert netem_qdisc(bursty, None).gemodel == ge
+    assert daemon_ge is not None and (daemon_ge.p, daemon_ge.r, daemon_ge.loss_bad, daemon_ge.loss_good) == (
+        ge.p, ge.r, ge.loss_bad, ge.loss_good)

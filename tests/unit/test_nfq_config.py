@@ -17,8 +17,10 @@ from squall.shaping.nfqueue.config import (
     config_from_json,
     config_to_json,
     link_from_dict,
+    to_jsonable,
 )
 from squall.shaping.nfqueue.errors import ConfigError
+from tests.unit.shaping_pins import NAMES, written
 
 
 def _config() -> DaemonConfig:
@@ -119,3 +121,28 @@ def test_gilbert_elliott_derived_rates() -> None:
     assert ge.bad_fraction == pytest.approx(0.2)
     assert ge.loss_rate == pytest.approx(0.2 * 0.5 + 0.8 * 0.1)
     assert not LinkParams(gilbert_elliott=ge).is_constant
+
+
+# The daemon's JSON for link 0 -> 1 of each pinned profile (tests/unit/shaping_pins.py)
+_PERFECT = {"delay_us": 0, "distribution": "uniform", "gilbert_elliott": None, "jitter_correlation": 0.0,
+            "jitter_us": 0, "loss": 0.0, "loss_correlation": 0.0, "preserve_order": False, "reorder": 0.0,
+            "reorder_correlation": 0.0}
+PINNED_JSON: dict[str, dict[str, object]] = {
+    "lan": {"delay_us": 100, "distribution": "normal", "jitter_us": 20},
+    "lossy-1pct": {"delay_us": 5000, "loss": 0.01},
+    "bursty-loss": {"delay_us": 10000, "gilbert_elliott": {"loss_bad": 1.0, "loss_good": 0.0, "p": 0.005, "r": 0.2}},
+    "wan-50ms-100mbit": {"delay_us": 50000, "distribution": "normal", "jitter_correlation": 0.25, "jitter_us": 2000},
+    "odd-percentages": {"delay_us": 7000, "distribution": "normal", "jitter_correlation": 0.125, "jitter_us": 1300,
+                        "loss": 0.003, "loss_correlation": 0.33299999999999996, "reorder": 0.028999999999999998,
+                        "reorder_correlation": 0.41700000000000004},
+    "gemodel-ties": {"delay_us": 2000, "gilbert_elliott": {"loss_bad": 0.9, "loss_good": 0.001, "p": 0.01, "r": 0.1}},
+    "gemodel-70": {"delay_us": 1000, "distribution": "pareto", "jitter_us": 300,
+                   "gilbert_elliott": {"loss_bad": 0.7, "loss_good": 0.1, "p": 0.3, "r": 0.5}},
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_profiles_give_the_pinned_daemon_json(name: str) -> None:
+    text = json.dumps(to_jsonable(written(name).daemon), sort_keys=True)
+    assert text == json.dumps({**_PERFECT, **PINNED_JSON[name]}, sort_keys=True)  # the same floats, digit for digit
+    assert link_from_dict(json.loads(text)) == written(name).daemon

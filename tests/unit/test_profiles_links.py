@@ -48,17 +48,17 @@ SCOPES = make(
 @pytest.mark.parametrize(
     ("src", "dst", "delay_us", "rate_bps", "loss"),
     [
-        pytest.param(1, 0, 1_000, 1_000_000_000, Loss(1.0, 25.0), id="inside-eu-gets-default"),
-        pytest.param(0, 1, 1_000, 500_000_000, Loss(1.0, 25.0), id="node-ingress-beats-default"),
-        pytest.param(2, 3, 2_000, 1_000_000_000, Loss(1.0, 25.0), id="inside-us-overrides-delay"),
-        pytest.param(1, 3, 40_000, 1_000_000_000, Loss(1.0, 25.0), id="between-symmetric"),
-        pytest.param(3, 0, 40_000, 100_000_000, Loss(1.0, 25.0), id="between-directed-adds-rate"),
-        pytest.param(3, 1, 40_000, 500_000_000, Loss(1.0, 25.0), id="node-ingress-beats-between"),
-        pytest.param(0, 2, 30_000, 1_000_000_000, Loss(1.0, 25.0), id="pair-symmetric-beats-between"),
-        pytest.param(2, 0, 60_000, 100_000_000, Loss(5.0, 0.0), id="pair-directed-beats-symmetric"),
-        pytest.param(4, 0, 7_000, 50_000_000, Loss(1.0, 25.0), id="node-egress-outside-regions"),
-        pytest.param(0, 4, 1_000, 20_000_000, Loss(1.0, 25.0), id="node-ingress"),
-        pytest.param(4, 1, 7_000, 50_000_000, Loss(1.0, 25.0), id="egress-and-ingress-rate-take-min"),
+        pytest.param(1, 0, 1_000, 1_000_000_000, Loss(0.01, 0.25), id="inside-eu-gets-default"),
+        pytest.param(0, 1, 1_000, 500_000_000, Loss(0.01, 0.25), id="node-ingress-beats-default"),
+        pytest.param(2, 3, 2_000, 1_000_000_000, Loss(0.01, 0.25), id="inside-us-overrides-delay"),
+        pytest.param(1, 3, 40_000, 1_000_000_000, Loss(0.01, 0.25), id="between-symmetric"),
+        pytest.param(3, 0, 40_000, 100_000_000, Loss(0.01, 0.25), id="between-directed-adds-rate"),
+        pytest.param(3, 1, 40_000, 500_000_000, Loss(0.01, 0.25), id="node-ingress-beats-between"),
+        pytest.param(0, 2, 30_000, 1_000_000_000, Loss(0.01, 0.25), id="pair-symmetric-beats-between"),
+        pytest.param(2, 0, 60_000, 100_000_000, Loss(0.05, 0.0), id="pair-directed-beats-symmetric"),
+        pytest.param(4, 0, 7_000, 50_000_000, Loss(0.01, 0.25), id="node-egress-outside-regions"),
+        pytest.param(0, 4, 1_000, 20_000_000, Loss(0.01, 0.25), id="node-ingress"),
+        pytest.param(4, 1, 7_000, 50_000_000, Loss(0.01, 0.25), id="egress-and-ingress-rate-take-min"),
     ],
 )
 def test_scope_precedence(src: int, dst: int, delay_us: int, rate_bps: int, loss: Loss) -> None:
@@ -101,8 +101,8 @@ def test_a_key_is_replaced_as_a_whole() -> None:
         """
     )
     spec = profile.link(0, 1, 2)
-    assert spec == LinkSpec(delay_us=9_000, jitter=Jitter(100), loss=Loss(5.0))
-    assert profile.link(1, 0, 2) == LinkSpec(delay_us=1_000, jitter=Jitter(100), loss=Loss(1.0, 50.0))
+    assert spec == LinkSpec(delay_us=9_000, jitter=Jitter(100), loss=Loss(0.05))
+    assert profile.link(1, 0, 2) == LinkSpec(delay_us=1_000, jitter=Jitter(100), loss=Loss(0.01, 0.5))
 
 
 def test_asymmetric_pairs() -> None:
@@ -200,8 +200,8 @@ def test_directed_pair_overrides_symmetric_one_key_by_key() -> None:
             - {link: "1 -> 0", delay: 20ms}
         """
     )
-    assert profile.link(0, 1, 2) == LinkSpec(delay_us=10_000, loss=Loss(1.0))
-    assert profile.link(1, 0, 2) == LinkSpec(delay_us=20_000, loss=Loss(1.0))
+    assert profile.link(0, 1, 2) == LinkSpec(delay_us=10_000, loss=Loss(0.01))
+    assert profile.link(1, 0, 2) == LinkSpec(delay_us=20_000, loss=Loss(0.01))
 
 
 def test_every_setting_parses() -> None:
@@ -220,26 +220,26 @@ def test_every_setting_parses() -> None:
     )
     assert profile.link(0, 1, 2) == LinkSpec(
         delay_us=20_000,
-        jitter=Jitter(5_000, Distribution.PARETONORMAL, 10.0),
-        loss=Loss(gemodel=GilbertElliott(1.0, 25.0, 100.0, 0.0)),
-        duplicate=Chance(0.5, 5.0),
-        reorder=Chance(25.0, 50.0),
+        jitter=Jitter(5_000, Distribution.PARETONORMAL, 0.1),
+        loss=Loss(gemodel=GilbertElliott(0.01, 0.25, 1.0, 0.0)),
+        duplicate=Chance(0.005, 0.05),
+        reorder=Chance(0.25, 0.5),
         rate_bps=80_000_000,
         limit_packets=5000,
     )
 
 
 def test_gilbert_elliott_mean_loss() -> None:
-    assert GilbertElliott(1.0, 24.0).mean_loss_pct == pytest.approx(4.0)
-    assert GilbertElliott(1.0, 24.0, loss_bad_pct=50.0, loss_good_pct=1.0).mean_loss_pct == pytest.approx(
-        0.04 * 50 + 0.96 * 1
+    assert GilbertElliott(0.01, 0.24).mean_loss == pytest.approx(0.04)
+    assert GilbertElliott(0.01, 0.24, loss_bad=0.5, loss_good=0.01).mean_loss == pytest.approx(
+        0.04 * 0.5 + 0.96 * 0.01
     )
-    assert Loss(gemodel=GilbertElliott(1.0, 24.0)).mean_pct == pytest.approx(4.0)
+    assert Loss(gemodel=GilbertElliott(0.01, 0.24)).mean == pytest.approx(0.04)
 
 
 def test_to_dict_is_plain_data() -> None:
     data = LinkSpec(delay_us=5, jitter=Jitter(1, Distribution.NORMAL)).to_dict()
-    assert data["jitter"] == {"amount_us": 1, "distribution": "normal", "correlation_pct": 0.0}
+    assert data["jitter"] == {"amount_us": 1, "distribution": "normal", "correlation": 0.0}
     assert data["rate_bps"] is None
 
 
@@ -274,29 +274,29 @@ PHASED = make(
 
 
 @pytest.mark.parametrize(
-    ("at", "src", "delay_us", "loss_pct", "phase"),
+    ("at", "src", "delay_us", "loss", "phase"),
     [
         pytest.param(0.0, 1, 5_000, 0.0, None, id="base"),
         pytest.param(29.999, 1, 5_000, 0.0, None, id="just-before-first-phase"),
-        pytest.param(30.0, 1, 5_000, 10.0, "lossy", id="phase-starts-at-its-time"),
-        pytest.param(30.0, 0, 9_000, 10.0, "lossy", id="phase-keeps-base-pair-delay"),
+        pytest.param(30.0, 1, 5_000, 0.1, "lossy", id="phase-starts-at-its-time"),
+        pytest.param(30.0, 0, 9_000, 0.1, "lossy", id="phase-keeps-base-pair-delay"),
         pytest.param(60.0, 1, 100_000, 0.0, "slow", id="not-cumulative-loss-gone"),
         pytest.param(60.0, 0, 100_000, 0.0, "slow", id="phase-default-beats-base-pair"),
         pytest.param(90.0, 0, 9_000, 0.0, "", id="empty-phase-returns-to-base"),
         pytest.param(1e9, 1, 5_000, 0.0, "", id="last-phase-holds-forever"),
     ],
 )
-def test_phases(at: float, src: int, delay_us: int, loss_pct: float, phase: str | None) -> None:
+def test_phases(at: float, src: int, delay_us: int, loss: float, phase: str | None) -> None:
     dst = 1 if src == 0 else 2
     spec = PHASED.link(src, dst, 3, at=at)
-    assert (spec.delay_us, spec.loss.percent, spec.rate_bps) == (delay_us, loss_pct, 1_000_000_000)
+    assert (spec.delay_us, spec.loss.probability, spec.rate_bps) == (delay_us, loss, 1_000_000_000)
     active = PHASED.phase_at(at)
     assert (active.name if active else None) == phase
 
 
 def test_change_times_and_links_at_time() -> None:
     assert PHASED.change_times() == (30.0, 60.0, 90.0)
-    assert all(spec.loss.percent == 10.0 for spec in PHASED.links(4, at=45.0).values())
+    assert all(spec.loss.probability == 0.1 for spec in PHASED.links(4, at=45.0).values())
     assert len(PHASED.links(4, at=45.0)) == 12
 
 

@@ -80,14 +80,14 @@ def test_shipped_profile_validates(shipped: dict[str, Profile], name: str, n: in
 
 
 @pytest.mark.parametrize(
-    ("name", "delay_us", "rate_bps", "loss_pct"),
+    ("name", "delay_us", "rate_bps", "loss"),
     [
         ("lan", 100, 1_000_000_000, 0.0),
         ("wan-5ms", 5_000, 1_000_000_000, 0.0),
         ("wan-50ms-100mbit", 50_000, 100_000_000, 0.0),
-        ("lossy-1pct", 5_000, 1_000_000_000, 1.0),
-        ("lossy-5pct", 5_000, 1_000_000_000, 5.0),
-        ("lossy-10pct", 5_000, 1_000_000_000, 10.0),
+        ("lossy-1pct", 5_000, 1_000_000_000, 0.01),
+        ("lossy-5pct", 5_000, 1_000_000_000, 0.05),
+        ("lossy-10pct", 5_000, 1_000_000_000, 0.1),
         ("thin-20mbit", 10_000, 20_000_000, 0.0),
         ("thin-100mbit", 5_000, 100_000_000, 0.0),
         ("thin-20mbit-5ms", 5_000, 20_000_000, 0.0),
@@ -95,10 +95,10 @@ def test_shipped_profile_validates(shipped: dict[str, Profile], name: str, n: in
     ],
 )
 def test_uniform_profiles(
-    shipped: dict[str, Profile], name: str, delay_us: int, rate_bps: int, loss_pct: float
+    shipped: dict[str, Profile], name: str, delay_us: int, rate_bps: int, loss: float
 ) -> None:
     for spec in shipped[name].links(4).values():
-        assert (spec.delay_us, spec.rate_bps, spec.loss.percent) == (delay_us, rate_bps, loss_pct)
+        assert (spec.delay_us, spec.rate_bps, spec.loss.probability) == (delay_us, rate_bps, loss)
 
 
 def test_lan_is_sub_millisecond_with_normal_jitter(shipped: dict[str, Profile]) -> None:
@@ -117,8 +117,8 @@ def test_geo_two_regions(shipped: dict[str, Profile]) -> None:
 
 def test_bursty_loss(shipped: dict[str, Profile]) -> None:
     loss = shipped["bursty-loss"].link(0, 1, 2).loss
-    assert loss.gemodel is not None and loss.percent == 0
-    assert loss.mean_pct == pytest.approx(0.5 / 20.5 * 100)
+    assert loss.gemodel is not None and loss.probability == 0
+    assert loss.mean == pytest.approx(0.5 / 20.5)
 
 
 def test_preemptible(shipped: dict[str, Profile]) -> None:
@@ -177,8 +177,8 @@ def test_heterogeneous(shipped: dict[str, Profile]) -> None:
     assert profile.link(1, 2, n).rate_bps == 50_000_000  # odd egress
     assert profile.link(2, 1, n).rate_bps == 200_000_000  # odd ingress
     assert profile.link(0, 7, n).delay_us == 15_000 and profile.link(7, 0, n).delay_us == 25_000  # asymmetric
-    assert profile.link(0, 2, n, at=61.0).loss.percent == 1.0
-    assert profile.link(0, 2, n, at=121.0).loss.percent == 0.0
+    assert profile.link(0, 2, n, at=61.0).loss.probability == 0.01
+    assert profile.link(0, 2, n, at=121.0).loss.probability == 0.0
     assert profile.node_link(3, n).uplink_bps == 100_000_000
     assert {profile.device(i, n).slowdown for i in range(n)} == {0.8, 1.0, 1.5}
 

@@ -19,7 +19,7 @@ def test_the_demo_matrix_is_at_least_four_protocols_on_three_contrasting_profile
     assert len(spec.matrix.protocols) >= 4 and spec.matrix.workers == (4,)
     assert len(spec.matrix.profiles) >= 3
     links = [load_profile(p).link(0, 1, 4) for p in spec.matrix.profiles]
-    assert len({(s.delay_us, s.loss.percent, s.rate_bps) for s in links}) == len(links)  # all different
+    assert len({(s.delay_us, s.loss.probability, s.rate_bps) for s in links}) == len(links)  # all different
     assert spec.run.get("target") and spec.run.get("seconds", 99) <= 10  # short runs, to a target
 
 

@@ -18,22 +18,22 @@ PARAMS = [
     pytest.param(LinkSpec(), LinkParams(), id="perfect"),
     pytest.param(LinkSpec(delay_us=20_000), LinkParams(delay_us=20_000), id="delay"),
     pytest.param(
-        LinkSpec(delay_us=5000, jitter=Jitter(1000, Distribution.NORMAL, 25.0)),
+        LinkSpec(delay_us=5000, jitter=Jitter(1000, Distribution.NORMAL, 0.25)),
         LinkParams(delay_us=5000, jitter_us=1000, distribution="normal", jitter_correlation=0.25),
         id="jitter",
     ),
-    pytest.param(LinkSpec(loss=Loss(5.0, 50.0)), LinkParams(loss=0.05, loss_correlation=0.5), id="loss"),
+    pytest.param(LinkSpec(loss=Loss(0.05, 0.5)), LinkParams(loss=0.05, loss_correlation=0.5), id="loss"),
     pytest.param(
-        LinkSpec(loss=Loss(gemodel=GilbertElliott(1.0, 10.0, 80.0, 2.0))),
+        LinkSpec(loss=Loss(gemodel=GilbertElliott(0.01, 0.1, 0.8, 0.02))),
         LinkParams(gilbert_elliott=DaemonGE(p=0.01, r=0.1, loss_bad=0.8, loss_good=0.02)),
         id="gemodel",
     ),
     pytest.param(
-        LinkSpec(delay_us=1000, reorder=Chance(25.0, 50.0)),
+        LinkSpec(delay_us=1000, reorder=Chance(0.25, 0.5)),
         LinkParams(delay_us=1000, reorder=0.25, reorder_correlation=0.5),
         id="reorder",
     ),
-    pytest.param(LinkSpec(rate_bps=10**6, duplicate=Chance(3.0)), LinkParams(), id="rate-and-duplicate-not-daemon"),
+    pytest.param(LinkSpec(rate_bps=10**6, duplicate=Chance(0.03)), LinkParams(), id="rate-and-duplicate-not-daemon"),
 ]
 
 
@@ -47,21 +47,21 @@ def test_link_params(spec: LinkSpec, params: LinkParams) -> None:
 def test_netem_leaf_keeps_percent_and_microseconds() -> None:
     spec = LinkSpec(
         delay_us=50_000,
-        jitter=Jitter(2000, Distribution.PARETONORMAL, 10.0),
-        loss=Loss(1.5, 20.0),
-        duplicate=Chance(0.5),
-        reorder=Chance(2.0, 30.0),
+        jitter=Jitter(2000, Distribution.PARETONORMAL, 0.1),
+        loss=Loss(0.015, 0.2),
+        duplicate=Chance(0.005),
+        reorder=Chance(0.02, 0.3),
     )
     assert netem_qdisc(spec, 100_000_000) == Netem(
         delay_us=50_000,
         jitter_us=2000,
         distribution="paretonormal",
-        delay_corr_pct=10.0,
-        loss_pct=1.5,
-        loss_corr_pct=20.0,
-        duplicate_pct=0.5,
-        reorder_pct=2.0,
-        reorder_corr_pct=30.0,
+        delay_corr=0.1,
+        loss=0.015,
+        loss_corr=0.2,
+        duplicate=0.005,
+        reorder=0.02,
+        reorder_corr=0.3,
         limit=10_000,  # 100 Mbit/s x 56 ms x 2 / 12 kbit = 934 < floor
     )
 
@@ -96,15 +96,15 @@ def test_needs_netem() -> None:
     assert not needs_netem(LinkSpec())
     assert not needs_netem(LinkSpec(limit_packets=5))
     assert needs_netem(LinkSpec(rate_bps=1000))
-    assert needs_netem(LinkSpec(loss=Loss(gemodel=GilbertElliott(1.0, 10.0))))
+    assert needs_netem(LinkSpec(loss=Loss(gemodel=GilbertElliott(0.01, 0.1))))
 
 
 @pytest.mark.parametrize(
     ("spec", "why"),
     [
         (LinkSpec(jitter=Jitter(-1)), "jitter must be an integer"),
-        (LinkSpec(loss=Loss(1.0, 100.0)), r"loss correlation must be in \[0, 100\)"),
-        (LinkSpec(loss=Loss(1.0, gemodel=GilbertElliott(1.0, 1.0))), "two loss models"),
+        (LinkSpec(loss=Loss(0.01, 1.0)), r"loss correlation must be in \[0, 1\)"),
+        (LinkSpec(loss=Loss(0.01, gemodel=GilbertElliott(0.01, 0.01))), "two loss models"),
         (LinkSpec(loss=Loss(gemodel=GilbertElliott(0.0, 0.0))), "p \\+ r > 0"),
         (LinkSpec(limit_packets=0), "bad limit_packets"),
         (LinkSpec(delay_us=1.5), "delay_us must be an integer"),  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import statistics
 import struct
@@ -15,6 +16,7 @@ from squall.shaping.netem.backend import duplication_by_tee
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import plan_netem
 from squall.shaping.ops import QdiscOp, RuleOp
+from tests.unit.shaping_pins import NAMES, written
 
 U = 0xFFFFFFFF
 
@@ -44,8 +46,8 @@ def test_every_message_carries_the_whole_spec() -> None:
     # A real kernel's netem_change keeps the correlations, the reorder probability and the delay
     # table that a message leaves out, so a link changed from a correlated, reordering, normal-jitter
     # setting to a plain uniform one must be told zeros and a uniform table, not nothing.
-    before = Netem(delay_us=10_000, jitter_us=2000, distribution="normal", delay_corr_pct=30.0, reorder_pct=5.0,
-                   reorder_corr_pct=10.0)
+    before = Netem(delay_us=10_000, jitter_us=2000, distribution="normal", delay_corr=0.3, reorder=0.05,
+                   reorder_corr=0.1)
     after = Netem(delay_us=10_000, jitter_us=2000)  # uniform, uncorrelated, in order
     old, new = attrs(w.netem_options(before)), attrs(w.netem_options(after))
     assert set(old) == set(new)  # nothing the first message set is left out of the second
@@ -73,13 +75,13 @@ def test_everything() -> None:
         delay_us=20_000,
         jitter_us=3000,
         distribution="normal",
-        delay_corr_pct=25.0,
-        loss_pct=1.0,
-        loss_corr_pct=50.0,
-        duplicate_pct=2.0,
-        duplicate_corr_pct=10.0,
-        reorder_pct=5.0,
-        reorder_corr_pct=20.0,
+        delay_corr=0.25,
+        loss=0.01,
+        loss_corr=0.5,
+        duplicate=0.02,
+        duplicate_corr=0.1,
+        reorder=0.05,
+        reorder_corr=0.2,
         limit=100_000,
     )
     data = w.netem_options(netem)
@@ -95,7 +97,7 @@ def test_everything() -> None:
 
 
 def test_gemodel_sends_h_as_one_minus_loss_bad() -> None:
-    netem = Netem(delay_us=1000, gemodel=GilbertElliott(0.5, 20.0, 80.0, 1.0), loss_pct=0.0)
+    netem = Netem(delay_us=1000, gemodel=GilbertElliott(0.005, 0.2, 0.8, 0.01), loss=0.0)
     data = w.netem_options(netem)
     assert struct.unpack_from("=6I", data)[2] == 0  # no random loss alongside
     nested = attrs(data)[w.TCA_NETEM_LOSS]
@@ -108,7 +110,7 @@ def test_gemodel_sends_h_as_one_minus_loss_bad() -> None:
 def test_pyroute2_decodes_our_options() -> None:
     from pyroute2.netlink.rtnl.tcmsg import sched_netem
 
-    data = w.netem_options(Netem(delay_us=10_000, jitter_us=1000, loss_pct=3.0, duplicate_pct=1.0, limit=5000))
+    data = w.netem_options(Netem(delay_us=10_000, jitter_us=1000, loss=0.03, duplicate=0.01, limit=5000))
     msg = sched_netem.options(struct.pack("=HH", 4 + len(data), 2) + data)
     msg.decode()
     assert (msg["delay"], msg["limit"], msg["jitter"]) == (156_250, 5000, 15_625)
@@ -126,7 +128,7 @@ def test_qdisc_message_layout() -> None:
 
 
 def test_probabilities_and_ticks() -> None:
-    assert w.prob_u32(0) == 0 and w.prob_u32(100) == U and w.prob_u32(50) == 2**31
+    assert w.prob_u32(0) == 0 and w.prob_u32(1) == U and w.prob_u32(0.5) == 2**31
     assert w.ticks(1) == 15 and w.ticks(10**9) == U  # 64 ns ticks, saturating
 
 
@@ -150,19 +152,51 @@ def test_duplication_leaves_netem_for_tee_in_the_sender() -> None:
     # Debian's 6.1.192 refuses a duplicating netem in a tree with another netem (EINVAL, seen in the
     # netem VM), and a node with two shaped destinations has two netem leaves: TEE duplicates instead.
     eps = {i: Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{i + 100}/ns/net") for i in range(3)}
-    dup = LinkSpec(delay_us=3000, duplicate=Chance(20.0))
-    state = LinkState({(s, d): dup if (s, d) != (1, 2) else LinkSpec(delay_us=3000, duplicate=Chance(5.0, 50.0))
+    dup = LinkSpec(delay_us=3000, duplicate=Chance(0.2))
+    state = LinkState({(s, d): dup if (s, d) != (1, 2) else LinkSpec(delay_us=3000, duplicate=Chance(0.05, 0.5))
                        for s in eps for d in eps if s != d})
     plans = duplication_by_tee(plan_netem(list(eps.values()), state), eps, state)
     netems = {i: [op.qdisc for op in plans[i].tc if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem)]
               for i in eps}
-    assert [n.duplicate_pct for n in netems[0]] == [0.0, 0.0]  # both of node 0's leaves: no netem duplication
+    assert [n.duplicate for n in netems[0]] == [0.0, 0.0]  # both of node 0's leaves: no netem duplication
     assert all(n.delay_us == 3000 for ns in netems.values() for n in ns)  # the rest of the spec is kept
     assert plans[0].rules == (RuleOp("POSTROUTING", "TEE", "10.9.0.3", probability=0.2),
                               RuleOp("POSTROUTING", "TEE", "10.9.0.4", probability=0.2))
     # a correlated duplication stays with netem (iptables draws independently), with no TEE for it
-    assert sorted(n.duplicate_pct for n in netems[1]) == [0.0, 5.0]
+    assert sorted(n.duplicate for n in netems[1]) == [0.0, 0.05]
     assert [r.peer for r in plans[1].rules if r.action == "TEE"] == ["10.9.0.2"]
     quiet = LinkState({(s, d): LinkSpec(delay_us=1000) for s in eps for d in eps if s != d})
     plain = plan_netem(list(eps.values()), quiet)
     assert duplication_by_tee(plain, eps, quiet) == plain
+
+
+# sha256 (first 32 hex digits) of the whole TCA_OPTIONS payload, and its 24-byte tc_netem_qopt
+PINNED = {
+    "lan": ("44bad23961290546b2a34d537417fcb0", "1a0600001027000000000000000000000000000038010000"),
+    "lossy-1pct": ("97c78acda6b22fb72ac2d7ff462f0e64", "2d31010010270000295c8f02000000000000000000000000"),
+    "bursty-loss": ("210ce9423073a8bd28b3fb52c3303d71", "5a6202001027000000000000000000000000000000000000"),
+    "wan-50ms-100mbit": ("1b5a31bb0e0b1bc9ff106261f4065ad8", "c2eb0b0010270000000000000000000000000000127a0000"),
+    "odd-percentages": ("a595856a010f4d2974fdc6681d703d5f", "3fab010009030000a69bc4000100000000000000584f0000"),
+    "gemodel-ties": ("1fc150385d0f0e2c5682ed8327e35940", "127a00001027000000000000000000000000000000000000"),
+    "gemodel-70": ("496437d07dd6b6ff1fce7facea042503", "093d0000102700000000000000000000000000004f120000"),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_profiles_encode_to_the_pinned_bytes(name: str) -> None:
+    options = written(name).netem.options()
+    assert (hashlib.sha256(options).hexdigest()[:32], options[:24].hex()) == PINNED[name]
+
+
+def test_the_odd_percentages_keep_their_tee_rule() -> None:
+    assert written("odd-percentages").tee == tuple(
+        f"-d {ip}/32 -m statistic --mode random --probability 0.0070000000 -j TEE --gateway {ip}"
+        for ip in ("10.9.0.3", "10.9.0.4"))
+
+
+@pytest.mark.parametrize(("name", "h"), [("gemodel-ties", 429_496_730), ("gemodel-70", 1_288_490_188)])
+def test_gemodel_h_rounds_its_ties_as_before(name: str, h: int) -> None:
+    # h x (2^32 - 1) is 429496729.5 for 1-h = 90 % and 1288490188.5 for 70 %: 1 - loss_bad in floating
+    # point would land on the other neighbour; w.complement keeps what the kernel was always sent
+    nested = attrs(written(name).netem.options())[w.TCA_NETEM_LOSS]
+    assert struct.unpack_from("=4I", nested, 4)[2] == h

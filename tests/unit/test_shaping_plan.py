@@ -77,14 +77,14 @@ NETEM_CASES = [
         id="delay-one-link",
     ),
     pytest.param(
-        state({(2, 0): LinkSpec(delay_us=50_000, jitter=Jitter(2000, Distribution.NORMAL, 25.0), rate_bps=10**8)}),
+        state({(2, 0): LinkSpec(delay_us=50_000, jitter=Jitter(2000, Distribution.NORMAL, 0.25), rate_bps=10**8)}),
         {
             0: [],
             1: [],
             2: ROOT_OPS
             + peer(
                 0,
-                Netem(delay_us=50_000, jitter_us=2000, distribution="normal", delay_corr_pct=25.0, limit=10_000),
+                Netem(delay_us=50_000, jitter_us=2000, distribution="normal", delay_corr=0.25, limit=10_000),
                 rate=10**8,
             ),
         },
@@ -101,9 +101,9 @@ NETEM_CASES = [
             {
                 (0, 1): LinkSpec(
                     delay_us=1000,
-                    loss=Loss(gemodel=GilbertElliott(0.5, 20.0, 100.0, 0.0)),
-                    duplicate=Chance(2.0, 10.0),
-                    reorder=Chance(5.0, 50.0),
+                    loss=Loss(gemodel=GilbertElliott(0.005, 0.2, 1.0, 0.0)),
+                    duplicate=Chance(0.02, 0.1),
+                    reorder=Chance(0.05, 0.5),
                     limit_packets=777,
                 )
             }
@@ -114,11 +114,11 @@ NETEM_CASES = [
                 1,
                 Netem(
                     delay_us=1000,
-                    gemodel=GilbertElliott(0.5, 20.0, 100.0, 0.0),
-                    duplicate_pct=2.0,
-                    duplicate_corr_pct=10.0,
-                    reorder_pct=5.0,
-                    reorder_corr_pct=50.0,
+                    gemodel=GilbertElliott(0.005, 0.2, 1.0, 0.0),
+                    duplicate=0.02,
+                    duplicate_corr=0.1,
+                    reorder=0.05,
+                    reorder_corr=0.5,
                     limit=777,
                 ),
             ),
@@ -128,8 +128,8 @@ NETEM_CASES = [
         id="gemodel-duplicate-reorder-explicit-limit",
     ),
     pytest.param(
-        state({(0, 1): LinkSpec(loss=Loss(1.0, 25.0))}),
-        {0: ROOT_OPS + peer(1, Netem(loss_pct=1.0, loss_corr_pct=25.0, limit=10_000)), 1: [], 2: []},
+        state({(0, 1): LinkSpec(loss=Loss(0.01, 0.25))}),
+        {0: ROOT_OPS + peer(1, Netem(loss=0.01, loss_corr=0.25, limit=10_000)), 1: [], 2: []},
         id="random-loss-correlated",
     ),
 ]
@@ -200,9 +200,9 @@ def test_blocked_pairs_are_drop_rules_in_the_receiver() -> None:
 def test_nfqueue_queues_rules_and_conversion() -> None:
     spec = LinkSpec(
         delay_us=20_000,
-        jitter=Jitter(5000, Distribution.PARETO, 30.0),
-        loss=Loss(5.0, 25.0),
-        reorder=Chance(1.0),
+        jitter=Jitter(5000, Distribution.PARETO, 0.3),
+        loss=Loss(0.05, 0.25),
+        reorder=Chance(0.01),
         rate_bps=20_000_000,
     )
     st = state({(0, 2): spec, (1, 2): LinkSpec(delay_us=3000), (1, 0): LinkSpec(rate_bps=5_000_000)},
@@ -235,7 +235,7 @@ def test_nfqueue_queues_rules_and_conversion() -> None:
 
 
 def test_nfqueue_gemodel_becomes_fractions() -> None:
-    st = state({(1, 0): LinkSpec(loss=Loss(gemodel=GilbertElliott(0.5, 20.0, 100.0, 1.0)))})
+    st = state({(1, 0): LinkSpec(loss=Loss(gemodel=GilbertElliott(0.005, 0.2, 1.0, 0.01)))})
     (queue,) = plan_nfqueue(EPS, st)[0].queues
     ge = queue.params.gilbert_elliott
     assert ge is not None
@@ -244,14 +244,14 @@ def test_nfqueue_gemodel_becomes_fractions() -> None:
 
 
 def test_nfqueue_duplication_is_tee_in_the_sender() -> None:
-    plans = plan_nfqueue(EPS, state({(1, 2): LinkSpec(duplicate=Chance(5.0))}))
+    plans = plan_nfqueue(EPS, state({(1, 2): LinkSpec(duplicate=Chance(0.05))}))
     assert plans[1].rules == (RuleOp("POSTROUTING", "TEE", "10.9.0.4", probability=0.05),)
     assert all(p.queues == () and p.tc == () for p in plans.values())
 
 
 def test_nfqueue_rejects_duplicate_correlation() -> None:
     with pytest.raises(ShapingError, match=r"link 1 -> 2: duplicate correlation is not supported"):
-        plan_nfqueue(EPS, state({(1, 2): LinkSpec(duplicate=Chance(5.0, 10.0))}))
+        plan_nfqueue(EPS, state({(1, 2): LinkSpec(duplicate=Chance(0.05, 0.1))}))
 
 
 def test_each_receiver_gets_one_queue_per_shaped_source() -> None:
@@ -281,8 +281,9 @@ BAD = [
     pytest.param(EPS, state({(0, 7): LinkSpec()}), "node 7 is not an endpoint", id="unknown-node"),
     pytest.param(EPS, state({}, blocked=frozenset({(5, 0)})), "blocked: link 5 -> 0", id="unknown-blocked"),
     pytest.param(EPS, state({(0, 1): LinkSpec(delay_us=-1)}), "link 0 -> 1: delay_us", id="negative-delay"),
-    pytest.param(EPS, state({(0, 1): LinkSpec(loss=Loss(120.0))}), "loss must be a percentage", id="loss-120"),
-    pytest.param(EPS, state({(0, 1): LinkSpec(reorder=Chance(5.0))}), "reorder needs a delay", id="reorder-no-delay"),
+    pytest.param(EPS, state({(0, 1): LinkSpec(loss=Loss(1.2))}), r"loss must be a probability in \[0, 1\]",
+                 id="loss-120"),
+    pytest.param(EPS, state({(0, 1): LinkSpec(reorder=Chance(0.05))}), "reorder needs a delay", id="reorder-no-delay"),
     pytest.param(EPS, state({(0, 1): LinkSpec(rate_bps=0)}), "bad rate_bps", id="zero-rate"),
     pytest.param(EPS, state({}, node_links={0: NodeLinkSpec(uplink_bps=-5)}), "node 0 uplink", id="bad-uplink"),
     pytest.param(EPS, state({}, node_links={9: NodeLinkSpec()}), "node 9 is not an endpoint", id="caps-unknown"),

@@ -18,9 +18,9 @@ from squall.shaping.base import Endpoint, LinkState
 
 
 def test_every_setting_of_a_link_survives_the_round_trip() -> None:
-    spec = LinkSpec(delay_us=5000, jitter=Jitter(300, Distribution.PARETO, 25.0),
-                    loss=Loss(gemodel=GilbertElliott(1.0, 30.0, 90.0, 0.5)), duplicate=Chance(0.5, 10.0),
-                    reorder=Chance(2.0), rate_bps=20_000_000, limit_packets=500)
+    spec = LinkSpec(delay_us=5000, jitter=Jitter(300, Distribution.PARETO, 0.25),
+                    loss=Loss(gemodel=GilbertElliott(0.01, 0.3, 0.9, 0.005)), duplicate=Chance(0.005, 0.1),
+                    reorder=Chance(0.02), rate_bps=20_000_000, limit_packets=500)
     state = LinkState({(0, 1): spec, (1, 0): LinkSpec()}, {1: NodeLinkSpec(10_000_000, None)},
                       frozenset({(2, 0)}))
     back = wire.state_from_json(wire.state_to_json(state))

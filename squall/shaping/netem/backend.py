@@ -130,7 +130,7 @@ def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, En
         tees: list[RuleOp] = []
         for dst, ep in endpoints.items():
             spec = state.links.get((node, dst))
-            if dst == node or spec is None or spec.duplicate.percent == 0 or spec.duplicate.correlation_pct > 0:
+            if dst == node or spec is None or spec.duplicate.probability == 0 or spec.duplicate.correlation > 0:
                 continue
             tees.append(tee_rule(ep.address, spec))
         if not tees:
@@ -142,6 +142,6 @@ def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, En
 
 
 def _without_duplication(op: TcOp) -> TcOp:
-    if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem) and op.qdisc.duplicate_corr_pct == 0:
-        return dataclasses.replace(op, qdisc=dataclasses.replace(op.qdisc, duplicate_pct=0.0))
+    if isinstance(op, QdiscOp) and isinstance(op.qdisc, Netem) and op.qdisc.duplicate_corr == 0:
+        return dataclasses.replace(op, qdisc=dataclasses.replace(op.qdisc, duplicate=0.0))
     return op

@@ -5,7 +5,7 @@ On each sender's device the generic HTB tree (:func:`squall.shaping.plan.egress_
 large ``limit``. Rate lives in HTB, never in netem. Cut links are DROP rules in the receiver, a
 downlink cap an IFB device (both generic). Which setting the leaf carries is the settings table's
 (:mod:`squall.profiles.settings`, carrier ``netem``); :data:`NETEM_ATTRS` says how each becomes a
-field of the leaf.
+field of the leaf, in the same units (the kernel's units are :mod:`.wire`'s business).
 
 Queue limit: netem holds every delayed packet, so its ``limit`` must cover the packets in flight on
 the link, ``rate x (delay + 3 x jitter)``, with headroom and a floor far above netem's default of
@@ -55,20 +55,20 @@ NETEM_ATTRS: dict[str, Callable[[LinkSpec], dict[str, Any]]] = {
     "jitter": lambda spec: {
         "jitter_us": spec.jitter.amount_us,
         "distribution": spec.jitter.distribution.value if spec.jitter.amount_us else "uniform",
-        "delay_corr_pct": spec.jitter.correlation_pct if spec.jitter.amount_us else 0.0,
+        "delay_corr": spec.jitter.correlation if spec.jitter.amount_us else 0.0,
     },
     "loss": lambda spec: {
-        "loss_pct": spec.loss.percent,
-        "loss_corr_pct": spec.loss.correlation_pct if spec.loss.percent else 0.0,
+        "loss": spec.loss.probability,
+        "loss_corr": spec.loss.correlation if spec.loss.probability else 0.0,
         "gemodel": spec.loss.gemodel,
     },
     "duplicate": lambda spec: {
-        "duplicate_pct": spec.duplicate.percent,
-        "duplicate_corr_pct": spec.duplicate.correlation_pct if spec.duplicate.percent else 0.0,
+        "duplicate": spec.duplicate.probability,
+        "duplicate_corr": spec.duplicate.correlation if spec.duplicate.probability else 0.0,
     },
     "reorder": lambda spec: {
-        "reorder_pct": spec.reorder.percent,
-        "reorder_corr_pct": spec.reorder.correlation_pct if spec.reorder.percent else 0.0,
+        "reorder": spec.reorder.probability,
+        "reorder_corr": spec.reorder.correlation if spec.reorder.probability else 0.0,
     },
 }
 

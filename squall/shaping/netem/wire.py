@@ -15,10 +15,12 @@ rejected by a kernel. So the tc executor sends netem qdiscs as raw ``RTM_NEWQDIS
                 TCA_NETEM_LOSS       nested: NETEM_LOSS_GE {p, r, h, k1}
                 TCA_NETEM_LATENCY64  s64 ns,  TCA_NETEM_JITTER64 s64 ns
 
-Probabilities are 32-bit fractions (``pct / 100 * (2**32 - 1)``). ``latency``/``jitter`` in the
-qopt are psched ticks (ns / 64); the 64-bit attributes carry the exact nanoseconds and win. For
-Gilbert-Elliott the kernel loses a packet in the bad state when a draw exceeds ``h``, so ``h`` is
-``1 - loss_bad`` and ``k1`` is ``loss_good`` (as ``tc ... loss gemodel p r 1-h 1-k`` sends them).
+This is where the netem backend translates the plan's canonical units (:mod:`.leaf`) into the
+kernel's, and the only place: probabilities (fractions 0-1) become 32-bit fractions
+(``p * (2**32 - 1)``, :func:`prob_u32`); ``latency``/``jitter`` in the qopt are psched ticks
+(ns / 64); the 64-bit attributes carry the exact nanoseconds and win. For Gilbert-Elliott the
+kernel loses a packet in the bad state when a draw exceeds ``h``, so ``h`` is ``1 - loss_bad`` and
+``k1`` is ``loss_good`` (as ``tc ... loss gemodel p r 1-h 1-k`` sends them).
 ``gap`` is 1 with reordering (with 0, netem never reorders).
 
 Every message carries the *whole* spec, because a real kernel's ``netem_change`` keeps what a
@@ -68,9 +70,20 @@ PSCHED_SHIFT = 6  # psched ticks are 64 ns
 _QOPT = struct.Struct("=6I")
 
 
-def prob_u32(pct: float) -> int:
-    """A percentage as the kernel's 32-bit fraction."""
-    return min(U32_MAX, max(0, round(pct / 100 * U32_MAX)))
+def prob_u32(probability: float) -> int:
+    """A probability (0-1) as the kernel's 32-bit fraction."""
+    return min(U32_MAX, max(0, round(probability * U32_MAX)))
+
+
+def complement(probability: float) -> float:
+    """``1 - probability``, computed in percent so that a tie rounds as it always did.
+
+    ``(100 - 100 p) / 100`` and ``1 - p`` differ in the last bit for some p; at a tie of
+    :func:`prob_u32` (1-h = 90 % gives ``h x (2^32 - 1)`` = 429496729.5) that last bit picks the
+    neighbouring integer. This form gives the bytes sent since the Gilbert-Elliott parameters were
+    first encoded (from percentages): ``tests/unit/test_shaping_netem_wire.py`` pins them.
+    """
+    return (100 - 100 * probability) / 100
 
 
 def ticks(us: int) -> int:
@@ -80,21 +93,21 @@ def ticks(us: int) -> int:
 
 def netem_options(netem: Netem) -> bytes:
     """The payload of TCA_OPTIONS for a netem qdisc."""
-    gap = 1 if netem.reorder_pct else 0
-    loss = 0 if netem.gemodel is not None else prob_u32(netem.loss_pct)
+    gap = 1 if netem.reorder else 0
+    loss = 0 if netem.gemodel is not None else prob_u32(netem.loss)
     out = _QOPT.pack(
-        ticks(netem.delay_us), netem.limit, loss, gap, prob_u32(netem.duplicate_pct), ticks(netem.jitter_us)
+        ticks(netem.delay_us), netem.limit, loss, gap, prob_u32(netem.duplicate), ticks(netem.jitter_us)
     )
-    corr = (netem.delay_corr_pct, netem.loss_corr_pct, netem.duplicate_corr_pct)
+    corr = (netem.delay_corr, netem.loss_corr, netem.duplicate_corr)
     out += attr(TCA_NETEM_CORR, struct.pack("=3I", *map(prob_u32, corr)))  # zeros too: a change resets them
     if netem.jitter_us:
         table = distribution_table(netem.distribution)
         out += attr(TCA_NETEM_DELAY_DIST, struct.pack(f"={len(table)}h", *table))
-    reorder = (prob_u32(netem.reorder_pct), prob_u32(netem.reorder_corr_pct))
+    reorder = (prob_u32(netem.reorder), prob_u32(netem.reorder_corr))
     out += attr(TCA_NETEM_REORDER, struct.pack("=2I", *reorder))
     if netem.gemodel is not None:
         ge = netem.gemodel
-        fields = (ge.p_pct, ge.r_pct, 100 - ge.loss_bad_pct, ge.loss_good_pct)
+        fields = (ge.p, ge.r, complement(ge.loss_bad), ge.loss_good)
         out += attr(TCA_NETEM_LOSS, attr(NETEM_LOSS_GE, struct.pack("=4I", *map(prob_u32, fields))))
     out += attr(TCA_NETEM_LATENCY64, struct.pack("=q", netem.delay_us * 1000))
     out += attr(TCA_NETEM_JITTER64, struct.pack("=q", netem.jitter_us * 1000))

@@ -17,6 +17,12 @@ The daemon reads one JSON document (never pickle)::
 Every key of :class:`LinkParams` is optional (default: a perfect link); unknown keys are rejected, so
 a typo fails loudly instead of silently shaping nothing. The same ``link`` objects are the payload of
 the ``set_links`` control command.
+
+A link's values are in the canonical units of the settings table (:mod:`squall.profiles.settings`):
+integer microseconds, probabilities and correlations as fractions from 0 to 1; the daemon's names
+for them are its own (``jitter_correlation``, ``gilbert_elliott``). The bounds and the rules between
+them are the settings' (:mod:`squall.profiles.bounds`, :mod:`squall.profiles.link_rules`), checked
+here again because the daemon reads its configuration from outside.
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, get_args
+
+from squall.profiles.bounds import is_correlation, is_probability
+from squall.profiles.link_rules import (
+    GEMODEL_PARTS,
+    correlated_only_if_set,
+    gemodel_moves,
+    one_loss_model,
+    reorder_has_delay,
+)
 
 from .errors import ConfigError
 
@@ -44,14 +59,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_prob(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-
-
-def _is_corr(value: object) -> bool:
-    return _is_prob(value) and cast(float, value) < 1.0
-
-
 @dataclass(frozen=True)
 class GilbertElliott:
     """Two-state Markov loss model, parameters as in ``netem loss gemodel p r 1-h 1-k``.
@@ -66,9 +73,9 @@ class GilbertElliott:
     loss_good: float = 0.0  # 1-k: loss probability in the good state
 
     def __post_init__(self) -> None:
-        for name in ("p", "r", "loss_bad", "loss_good"):
-            _require(_is_prob(getattr(self, name)), f"gilbert_elliott.{name} must be in [0, 1]")
-        _require(self.p + self.r > 0, "gilbert_elliott needs p + r > 0 (otherwise it never moves)")
+        for name in GEMODEL_PARTS:
+            _require(is_probability(getattr(self, name)), f"gilbert_elliott.{name} must be in [0, 1]")
+        _require(gemodel_moves(self.p, self.r), "gilbert_elliott needs p + r > 0 (otherwise it never moves)")
 
     @property
     def bad_fraction(self) -> float:
@@ -110,22 +117,21 @@ class LinkParams:
         _require(_is_int(self.jitter_us) and self.jitter_us >= 0, "jitter_us must be an integer >= 0")
         _require(self.distribution in DISTRIBUTIONS, f"distribution must be one of {DISTRIBUTIONS}")
         for name in ("loss", "reorder"):
-            _require(_is_prob(getattr(self, name)), f"{name} must be a probability in [0, 1]")
+            _require(is_probability(getattr(self, name)), f"{name} must be a probability in [0, 1]")
         for name in ("jitter_correlation", "loss_correlation", "reorder_correlation"):
-            _require(_is_corr(getattr(self, name)), f"{name} must be in [0, 1)")
+            _require(is_correlation(getattr(self, name)), f"{name} must be in [0, 1)")
         _require(isinstance(self.preserve_order, bool), "preserve_order must be a boolean")
         _require(
             self.gilbert_elliott is None or isinstance(self.gilbert_elliott, GilbertElliott),
             "gilbert_elliott must be a GilbertElliott",
         )
-        _require(self.jitter_us > 0 or self.jitter_correlation == 0, "jitter_correlation requires jitter_us")
-        _require(self.loss > 0 or self.loss_correlation == 0, "loss_correlation requires loss")
-        _require(self.reorder > 0 or self.reorder_correlation == 0, "reorder_correlation requires reorder")
-        _require(
-            self.gilbert_elliott is None or self.loss == 0,
-            "loss and gilbert_elliott are two loss models; give one",
-        )
-        _require(self.reorder == 0 or self.delay_us > 0, "reorder requires delay_us > 0")
+        for chance, correlation in (("jitter_us", "jitter_correlation"), ("loss", "loss_correlation"),
+                                    ("reorder", "reorder_correlation")):
+            _require(correlated_only_if_set(getattr(self, chance), getattr(self, correlation)),
+                     f"{correlation} requires {chance}")
+        _require(one_loss_model(self.loss, self.gilbert_elliott),
+                 "loss and gilbert_elliott are two loss models; give one")
+        _require(reorder_has_delay(self.reorder, self.delay_us), "reorder requires delay_us > 0")
 
     @property
     def is_constant(self) -> bool:

@@ -67,24 +67,26 @@ class NfqueuePlan(NodePlan):
         return super().empty and not self.queues
 
 
-# What each setting the daemon carries (Carrier.DAEMON in the settings table) becomes in LinkParams.
+# What each setting the daemon carries (Carrier.DAEMON in the settings table) becomes in LinkParams:
+# the daemon's names for the same values, in the same units (the daemon's configuration is written
+# as JSON from these, :func:`.config.config_to_json`).
 DAEMON_PARAMS: dict[str, Callable[[LinkSpec], dict[str, Any]]] = {
     "delay_us": lambda spec: {"delay_us": spec.delay_us},
     "jitter": lambda spec: {
         "jitter_us": spec.jitter.amount_us,
         "distribution": spec.jitter.distribution.value,
-        "jitter_correlation": spec.jitter.correlation_pct / 100 if spec.jitter.amount_us else 0.0,
+        "jitter_correlation": spec.jitter.correlation if spec.jitter.amount_us else 0.0,
     },
     "loss": lambda spec: {
-        "loss": spec.loss.percent / 100,
-        "loss_correlation": spec.loss.correlation_pct / 100 if spec.loss.percent else 0.0,
+        "loss": spec.loss.probability,
+        "loss_correlation": spec.loss.correlation if spec.loss.probability else 0.0,
         "gilbert_elliott": None if (ge := spec.loss.gemodel) is None else GilbertElliott(
-            p=ge.p_pct / 100, r=ge.r_pct / 100, loss_bad=ge.loss_bad_pct / 100, loss_good=ge.loss_good_pct / 100
+            p=ge.p, r=ge.r, loss_bad=ge.loss_bad, loss_good=ge.loss_good
         ),
     },
     "reorder": lambda spec: {
-        "reorder": spec.reorder.percent / 100,
-        "reorder_correlation": spec.reorder.correlation_pct / 100 if spec.reorder.percent else 0.0,
+        "reorder": spec.reorder.probability,
+        "reorder_correlation": spec.reorder.correlation if spec.reorder.probability else 0.0,
     },
 }
 
