@@ -10,13 +10,15 @@ harness starts and watches it with :mod:`.launcher` and changes links at run tim
 :mod:`.control`. (:mod:`.rules` installs a fixed rule set in one namespace, for the daemon's own
 tests and tools.)
 
-Modules, one job each: ``config`` (frozen dataclasses, JSON), ``jitter``/``loss``/``engine``
-(pure link models), ``histogram`` and ``scheduler`` (pure timing), ``netlink`` (wire format and
-socket), ``netns`` and ``timer`` (ctypes syscalls), ``state`` and ``daemon`` (the event loop),
-``cli`` (process entry point),
-``server``/``control`` (control protocol), ``launcher`` (process), ``hold_plan`` and ``hold``
-(where packets wait: the bridge), ``rules`` and ``nft_table`` (iptables), ``probe``
-(application-level measurement).
+Modules, one job each: ``plan`` (LinkState -> node plans and the daemon's queues, the LinkParams of
+a link), ``backend`` (the shaper), ``config`` (frozen dataclasses, JSON), ``jitter``/``loss``/``engine``
+(pure link models), ``histogram`` and ``scheduler`` (pure timing), ``netlink`` (the queue protocol
+and socket), ``timer`` (ctypes syscalls), ``state`` and ``daemon`` (the event loop), ``cli`` (the
+process entry point, ``python -m squall.shaping.nfqueue.cli``), ``server``/``control`` (control
+protocol), ``launcher`` (process), ``hold_plan`` and ``hold`` (where packets wait: the bridge),
+``leftovers`` (what the backend keeps on the host, for ``squall gc``), ``rules`` (a fixed NFQUEUE
+rule set in one namespace, for the daemon's own tests and tools). Generic helpers it uses live in
+:mod:`squall.shaping` (namespaces, netlink framing, iptables-save helpers, ``nft_table``).
 """
 
 from __future__ import annotations
