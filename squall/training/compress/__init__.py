@@ -1,19 +1,36 @@
-"""Compressors: one interface for encoding vectors to wire payloads, shared by every protocol.
+"""Compressors: one interface for what a compressed vector is and how ranks combine it, shared by every protocol.
 
-* :mod:`~squall.training.compress.base`: :class:`Compressor` (encode, decode with an optional
-  reference, exact wire bytes, error bound) and its :class:`Guarantees`;
-* :mod:`~squall.training.compress.dense`: :class:`DenseFloat32`, the trivial one;
+* :mod:`~squall.training.compress.base`: :class:`Compression` (what an all-reduce takes: how
+  compressed vectors combine, its :class:`Guarantees`), :class:`Compressor` (a compression with a
+  payload on the wire: encode, decode with an optional reference, exact wire bytes, error bound)
+  and :class:`SharedSupport` (a compression whose ranks keep the same coordinates);
+* :mod:`~squall.training.compress.dense`: :class:`DenseFloat32` and :class:`DenseFloat16`, the casts;
 * :mod:`~squall.training.compress.lattice`: the reference-point lattice quantizer of SwarmSGD;
 * :mod:`~squall.training.compress.topk`: :class:`TopK`, values and indices;
 * :mod:`~squall.training.compress.randk`: :class:`RandK`, shared-seed coordinates, unbiased;
 * :mod:`~squall.training.compress.quant`: :class:`GroupQuant`, group-wise asymmetric INT8/INT4;
-* :mod:`~squall.training.compress.arc`: ARC-Top-K's sketch, row selection and packing (a
-  collective scheme, not a payload: its all-reduces carry plain float32);
+* :mod:`~squall.training.compress.arc`: :class:`ArcTopK`, ARC-Top-K's shared sketch and row
+  selection (a shared-support compression without a payload: its all-reduces carry plain float32);
 * :mod:`~squall.training.compress.feedback`: error feedback (none, EF14, EF21, EF21M) and
-  :class:`CompressedSGD`.
+  :class:`CompressedSGD` over one (optionally compressed) all-reduce.
 
-:data:`SCHEMAS` maps every compressor id to the schema the wire validates its payloads against
-(:func:`squall.wire.unpack_compressed`). Pure numpy; nothing here knows about transports.
+How each combines, which is what :func:`squall.collectives.allreduce` chooses its schedule by:
+
+=================  ========  =========  =========================================================
+compression        summable  indices    all-reduce
+=================  ========  =========  =========================================================
+``DenseFloat32``   yes       none       ring (or butterfly) of the vector cast to float32
+``DenseFloat16``   yes       none       the same in float16, half the bytes
+``RandK``          yes       shared     ring of the ``k`` values at the round's shared coordinates
+``ArcTopK``        yes       shared     ring of the sketch, then ring of the selected rows
+``TopK``           no        own        all-gather of the payloads (values and indices)
+``GroupQuant``     no        none       two-step (all-to-all, all-gather), or ring requantizing per hop
+``Lattice...``     no        none       none: it decodes against the receiver's own reference
+=================  ========  =========  =========================================================
+
+:data:`COMPRESSORS` lists every compressor with a payload, :data:`SCHEMAS` the schema the wire
+validates each one's payloads against (:func:`squall.wire.unpack_compressed`). Pure numpy; nothing
+here knows about transports.
 """
 
 from __future__ import annotations
@@ -21,8 +38,9 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
-from squall.training.compress.base import Compressor, Decoded, Guarantees
-from squall.training.compress.dense import DenseFloat32
+from squall.training.compress.arc import ArcTopK
+from squall.training.compress.base import Compression, Compressor, Decoded, Guarantees, SharedSupport, Support
+from squall.training.compress.dense import DenseCompressor, DenseFloat16, DenseFloat32
 from squall.training.compress.feedback import EF_VARIANTS, CompressedSGD, ErrorFeedback, FeedbackConfig
 from squall.training.compress.lattice import LatticeCompressor
 from squall.training.compress.quant import GroupQuant
@@ -30,9 +48,9 @@ from squall.training.compress.randk import RandK
 from squall.training.compress.topk import TopK
 from squall.wire import PayloadSchema
 
-#: Every compressor, by its id on the wire.
+#: Every compressor with a payload, by its id on the wire.
 COMPRESSORS: Final[MappingProxyType[str, type[Compressor]]] = MappingProxyType(
-    {cls.name: cls for cls in (DenseFloat32, LatticeCompressor, TopK, RandK, GroupQuant)}
+    {cls.name: cls for cls in (DenseFloat32, DenseFloat16, LatticeCompressor, TopK, RandK, GroupQuant)}
 )
 #: The schema of every compressor's payloads, by id: what a receiver accepts.
 SCHEMAS: Final[MappingProxyType[str, PayloadSchema]] = MappingProxyType(
@@ -43,9 +61,13 @@ __all__ = [
     "COMPRESSORS",
     "EF_VARIANTS",
     "SCHEMAS",
+    "ArcTopK",
     "CompressedSGD",
+    "Compression",
     "Compressor",
     "Decoded",
+    "DenseCompressor",
+    "DenseFloat16",
     "DenseFloat32",
     "ErrorFeedback",
     "FeedbackConfig",
@@ -53,5 +75,7 @@ __all__ = [
     "Guarantees",
     "LatticeCompressor",
     "RandK",
+    "SharedSupport",
+    "Support",
     "TopK",
 ]

@@ -25,6 +25,11 @@ protocol that sees only the flat gradient views it as one matrix of ``cols`` col
 
 Bytes per worker per step (two ring all-reduces of float32):
 ``2 (n-1)/n 4 (sum_rows r + sum_k cols)`` (:func:`sketch_numel`, :func:`selected_numel`).
+
+:class:`ArcTopK` is the scheme as a :class:`~squall.training.compress.SharedSupport` compression:
+``squall.collectives.allreduce(..., compression=ArcTopK(...))`` runs steps 1-4 over the ring (the
+sketch is :meth:`ArcTopK.sketch`, the selection :meth:`ArcTopK.support`). It has no payload of its
+own: both all-reduces carry plain float32.
 """
 
 from __future__ import annotations
@@ -32,17 +37,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
+from squall.training.compress.base import Guarantees, SharedSupport, Support
+from squall.training.compress.randk import shared_seed
 from squall.training.compress.topk import top_k_indices
 
 Floats = npt.NDArray[np.float32]
-Rows = npt.NDArray[np.int64]
+RowIndex = npt.NDArray[np.int64]
 
 #: Default columns of the matrix a flat gradient is viewed as.
 DEFAULT_COLS = 256
+#: Salt of the per-round shared seed of the sketch in an all-reduce.
+ARC_SALT = 0x4152
+#: Largest sketch rank and matrix width a configuration may ask for.
+MAX_RANK = 1024
+MAX_COLS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +171,7 @@ def local_sketch(flat: Floats, segments: Sequence[Segment], sketches: Sequence[F
 
 
 def select(mean_sketch: Floats, segments: Sequence[Segment], ratio: float, rank: int, *,
-           exact: bool = False) -> list[Rows]:
+           exact: bool = False) -> list[RowIndex]:
     """Per segment, the ascending rows (coordinates) with the largest sketch norms: identical on every worker.
 
     :param exact: the sketch was exact (``V = I``, ``cols`` wide) rather than ``rank`` wide.
@@ -174,7 +187,7 @@ def select(mean_sketch: Floats, segments: Sequence[Segment], ratio: float, rank:
     return out
 
 
-def gather_rows(flat: Floats, segments: Sequence[Segment], selection: Sequence[Rows]) -> Floats:
+def gather_rows(flat: Floats, segments: Sequence[Segment], selection: Sequence[RowIndex]) -> Floats:
     """The selected rows (coordinates) of every segment, packed one after another."""
     parts = [
         flat[s.offset + rows] if s.is_vector else _matrix(flat, s)[rows].reshape(-1)
@@ -183,7 +196,7 @@ def gather_rows(flat: Floats, segments: Sequence[Segment], selection: Sequence[R
     return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, dtype=np.float32)
 
 
-def scatter_rows(packed: Floats, segments: Sequence[Segment], selection: Sequence[Rows], numel: int) -> Floats:
+def scatter_rows(packed: Floats, segments: Sequence[Segment], selection: Sequence[RowIndex], numel: int) -> Floats:
     """The dense vector holding ``packed``'s rows at their places, zero elsewhere (inverse of :func:`gather_rows`)."""
     out = np.zeros(numel, dtype=np.float32)
     at = 0
@@ -204,7 +217,7 @@ def scatter_rows(packed: Floats, segments: Sequence[Segment], selection: Sequenc
 def compress_mean(
     vectors: Sequence[npt.ArrayLike], segments: Sequence[Segment], *, ratio: float, rank: int, seed: int,
     exact: bool = False,
-) -> tuple[Floats, list[Rows]]:
+) -> tuple[Floats, list[RowIndex]]:
     """ARC-Top-K of several workers' vectors without a network: ``mean_i C(x_i)`` and the selection.
 
     The all-reduces are plain means here; the protocol does the same over the ring.
@@ -223,3 +236,85 @@ def contraction_ratio(compressed: npt.ArrayLike, exact: npt.ArrayLike) -> float:
     norm = float(g @ g)
     diff = np.asarray(compressed, dtype=np.float64) - g
     return float(diff @ diff) / norm if norm else 0.0
+
+
+class SelectedRows(Support):
+    """The rows (coordinates, for vector segments) every rank selected from the mean sketch."""
+
+    def __init__(self, segments: Sequence[Segment], selection: Sequence[RowIndex]) -> None:
+        self.segments, self.selection = tuple(segments), list(selection)
+
+    def gather(self, x: Floats) -> Floats:
+        """The selected rows of ``x``, packed (:func:`gather_rows`)."""
+        return gather_rows(x, self.segments, self.selection)
+
+    def scatter(self, values: Floats, numel: int) -> Floats:
+        """Packed rows back at their places (:func:`scatter_rows`)."""
+        return scatter_rows(values, self.segments, self.selection, numel)
+
+
+class ArcTopK(SharedSupport):
+    """ARC-Top-K as an all-reduce compression (see the module docstring).
+
+    :param ratio: fraction of rows selected per matrix, in (0, 1].
+    :param rank: sketch rank ``r``.
+    :param cols: columns of the one matrix a vector is viewed as when ``shapes`` is None.
+    :param shapes: the tensors packed in the vector, in order (:func:`plan`); None: one matrix.
+    :param seed: the run's shared seed; every round draws its sketch from ``shared_seed(seed, round)``.
+    """
+
+    name: ClassVar[str] = "arc_top_k"
+    sketched: ClassVar[bool] = True
+
+    def __init__(self, *, ratio: float = 0.05, rank: int = 4, cols: int = DEFAULT_COLS,
+                 shapes: Sequence[Sequence[int]] | None = None, seed: int = 0) -> None:
+        if not 0 < ratio <= 1:
+            raise ValueError(f"arc_topk: ratio = {ratio} must be in (0, 1]")
+        if not 1 <= rank <= MAX_RANK:
+            raise ValueError(f"arc_topk: rank = {rank} must be in [1, {MAX_RANK}]")
+        if not 1 <= cols <= MAX_COLS:
+            raise ValueError(f"arc_topk: cols = {cols} must be in [1, 2**20]")
+        if not 0 <= seed < 1 << 32:
+            raise ValueError(f"arc_topk: seed = {seed} must be in [0, 2**32)")
+        self.ratio, self.rank, self.cols, self.seed = ratio, rank, cols, seed
+        self.shapes = None if shapes is None else tuple(tuple(int(d) for d in s) for s in shapes)
+        self._plans: dict[int, tuple[Segment, ...]] = {}
+
+    @property
+    def guarantees(self) -> Guarantees:
+        """Biased; with an exact sketch it contracts the aggregate by ``1 - k/rows``, a rank-``r`` one about so."""
+        return Guarantees(
+            unbiased=False,
+            contractive=False,  # on the aggregate, and only approximately with a rank-r sketch
+            delta=None,
+            error_bound="||C(G) - G||^2 <= (1 - k/rows) ||G||^2 for the aggregate G with an exact sketch; "
+            "approximately so (Johnson-Lindenstrauss) with a rank-r one",
+        )
+
+    def plan(self, numel: int) -> tuple[Segment, ...]:
+        """The segments of a vector of ``numel`` elements (:func:`plan`), made once per size."""
+        segments = self._plans.get(numel)
+        if segments is None:
+            segments = self._plans[numel] = plan(numel, shapes=self.shapes, cols=self.cols)
+        return segments
+
+    def sketch(self, x: Floats, round: int) -> Floats:
+        """``G_i V`` of every matrix (the vector itself for vector segments), ``V`` from the round's seed."""
+        segments = self.plan(x.size)
+        sketches = sketch_matrices(segments, self.rank, shared_seed(self.seed, round, ARC_SALT))
+        return local_sketch(x, segments, sketches)
+
+    def sketch_numel(self, numel: int) -> int:
+        """``rows r`` per matrix, the whole vector per vector segment."""
+        return sketch_numel(self.plan(numel), self.rank)
+
+    def support(self, numel: int, round: int, mean_sketch: Floats | None) -> SelectedRows:
+        """The top rows of every matrix by the mean sketch's row norms: the same on every rank."""
+        if mean_sketch is None:
+            raise ValueError("arc_topk: the selection needs the mean sketch")
+        segments = self.plan(numel)
+        return SelectedRows(segments, select(mean_sketch, segments, self.ratio, self.rank))
+
+    def support_numel(self, numel: int) -> int:
+        """``k cols`` per matrix, ``k`` per vector segment."""
+        return selected_numel(self.plan(numel), self.ratio)

@@ -50,7 +50,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from squall.training.compress.base import Compressor, Decoded, Guarantees
+from squall.training.compress.base import Compressor, Decoded, Guarantees, Indices
 from squall.wire import ArraySpec, CompressedPayload, ParamKind, PayloadSchema, WireError, wire_size
 from squall.wire.compressed import Params
 
@@ -231,6 +231,8 @@ class LatticeCompressor(Compressor):
     """
 
     name: ClassVar[str] = "lattice"
+    summable: ClassVar[bool] = False  # and it decodes against the receiver's reference: no all-reduce takes it
+    indices: ClassVar[Indices] = "none"
     schema: ClassVar[PayloadSchema] = PayloadSchema(
         compressor="lattice",
         params=(("bits", ParamKind.U64), ("eps", ParamKind.F64), ("checksum", ParamKind.U64)),

@@ -14,6 +14,10 @@ Wire bytes: ``b/8`` per element plus 4 per group (two float16): INT8 with groups
 0.258 of float32, INT4 0.133 (docs/protocols/README.md, compressed payloads). 4-bit codes are packed two per byte
 (:func:`~squall.training.compress.lattice.pack_codes`).
 
+Quantized payloads cannot be added without decoding them (:attr:`GroupQuant.summable` is false):
+:func:`squall.collectives.allreduce` runs Flash Communication's two-step all-reduce with them
+(each element quantized twice), or the ring that requantizes at every hop.
+
 Payload: parameters ``bits`` (4 or 8) and ``group``; arrays ``codes`` (uint8, packed),
 ``scales`` and ``zeros`` (float16, one per group). The receiver rejects other bit widths, a group
 size out of range, a count of scales or zeros that does not match ``ceil(numel / group)`` (group
@@ -28,7 +32,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from squall.training.compress.base import Compressor, Decoded, Guarantees
+from squall.training.compress.base import Compressor, Decoded, Guarantees, Indices
 from squall.training.compress.lattice import pack_codes, packed_size, unpack_codes
 from squall.wire import ArraySpec, CompressedPayload, ParamKind, PayloadSchema, WireError, wire_size
 from squall.wire.compressed import Params
@@ -179,6 +183,8 @@ class GroupQuant(Compressor):
 
     name: ClassVar[str] = "groupquant"
     schema: ClassVar[PayloadSchema] = SCHEMA
+    summable: ClassVar[bool] = False
+    indices: ClassVar[Indices] = "none"
 
     def __init__(self, *, bits: int = 8, group: int = 128) -> None:
         check_settings(bits, group)
@@ -207,6 +213,18 @@ class GroupQuant(Compressor):
         """``z + c s`` per element (``reference`` is not needed)."""
         self._own(payload)
         return Decoded(values=dequantize(from_payload(payload)), ok=True)
+
+    @property
+    def group_size(self) -> int:
+        """``group``: an all-reduce cuts the vector on group boundaries."""
+        return self.group
+
+    def mismatch(self, payload: CompressedPayload) -> str | None:
+        """A payload quantized with other bits or another group size than this quantizer's."""
+        bits, group = int(payload.params["bits"]), int(payload.params["group"])
+        if bits == self.bits and group == self.group:
+            return None
+        return f"quantized with {bits} bits in groups of {group}, expected {self.bits} bits in groups of {self.group}"
 
     def wire_bytes(self, numel: int) -> int:
         """Header, two parameters, ``numel bits / 8`` bytes of codes and 4 bytes per group."""

@@ -5,10 +5,16 @@ the step: :func:`shared_indices`), so the payload is the ``k`` values alone and 
 add their payloads coordinate by coordinate (an index-free all-reduce). Scaling by ``d/k`` makes
 the compressor unbiased, ``E[C(x)] = x`` over the draw, with variance
 ``E||C(x) - x||^2 = (d/k - 1) ||x||^2``: cheap and unbiased, but it ignores where the gradient's
-mass is (ARC-Top-K's paper: it "discards structural information").
+mass is (ARC-Top-K's paper: it "discards structural information"). With ``unbiased`` off the
+coordinates are not scaled: the form error feedback is analysed for (contractive in expectation,
+``E||C(x) - x||^2 = (1 - k/d) ||x||^2``).
 
-Payload: parameters ``k`` and ``seed``; array ``values`` (float32, ``k``, the unscaled
-coordinates). The receiver redraws the indices from the seed and checks ``k <= numel``.
+In an all-reduce (:func:`squall.collectives.allreduce`) Rand-K is a :class:`SharedSupport`: every
+rank draws the round's coordinates from ``shared_seed(seed, round)``, so the ``k`` values of all
+ranks line up and are ring-all-reduced without indices, then scattered back (and scaled).
+
+Payload (point-to-point use): parameters ``k`` and ``seed``; array ``values`` (float32, ``k``, the
+unscaled coordinates). The receiver redraws the indices from the seed and checks ``k <= numel``.
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from squall.training.compress.base import Compressor, Decoded, Guarantees
+from squall.training.compress.base import Compressor, Decoded, Floats, Guarantees, Indices, SharedSupport, Support
 from squall.training.compress.topk import check_expansion, count_for
 from squall.wire import ArraySpec, CompressedPayload, ParamKind, PayloadSchema, WireError, wire_size
 from squall.wire.compressed import Params
 
 #: Seeds are unsigned 64-bit integers on the wire.
 SEED_BOUND = 1 << 64
+#: Salt of the per-round shared seed of Rand-K's coordinates in an all-reduce.
+RANDK_SALT = 0x524E
 
 
 def shared_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -55,23 +63,46 @@ SCHEMA = PayloadSchema(
 )
 
 
-class RandK(Compressor):
+class Coordinates(Support):
+    """Coordinates ``idx`` of every rank, their values scaled by ``scale`` when scattered back."""
+
+    def __init__(self, idx: npt.NDArray[np.int64], scale: float) -> None:
+        self.idx, self.scale = idx, np.float32(scale)
+
+    def gather(self, x: Floats) -> Floats:
+        """``x[idx]``, contiguous."""
+        return np.ascontiguousarray(x[self.idx])
+
+    def scatter(self, values: Floats, numel: int) -> Floats:
+        """Zeros, with ``scale x values`` at ``idx``."""
+        out = np.zeros(numel, dtype=np.float32)
+        out[self.idx] = values * self.scale
+        return out
+
+
+class RandK(Compressor, SharedSupport):
     """``k = ratio * numel`` shared random coordinates, unbiased by ``d/k`` (see the module docstring).
 
     :param ratio: fraction of coordinates kept, in (0, 1].
-    :param seed: the shared seed of the next :meth:`encode` (a protocol sets it per step).
+    :param seed: the shared seed of the next :meth:`encode` (a protocol sets it per step); in an
+        all-reduce, the run's seed, from which every round draws its own (:meth:`support`).
+    :param k: coordinates kept (over ``ratio``).
+    :param unbiased: scale the kept coordinates by ``d/k`` when decoding (a payload does not say:
+        its receiver decodes it scaled).
     """
 
     name: ClassVar[str] = "rand_k"
     schema: ClassVar[PayloadSchema] = SCHEMA
+    summable: ClassVar[bool] = True
+    indices: ClassVar[Indices] = "shared"
 
-    def __init__(self, *, ratio: float = 0.01, seed: int = 0, k: int | None = None) -> None:
+    def __init__(self, *, ratio: float = 0.01, seed: int = 0, k: int | None = None, unbiased: bool = True) -> None:
         count_for(1, ratio)  # validates the ratio
         if not 0 <= seed < SEED_BOUND:
             raise ValueError(f"randk: seed must be in [0, 2**64), got {seed}")
         if k is not None and k < 0:
             raise ValueError(f"randk: k must be >= 0, got {k}")
-        self.ratio, self.seed, self.k = ratio, seed, k
+        self.ratio, self.seed, self.k, self.unbiased = ratio, seed, k, unbiased
 
     @classmethod
     def for_payload(cls, payload: CompressedPayload) -> RandK:
@@ -82,14 +113,25 @@ class RandK(Compressor):
         """Coordinates a vector of ``numel`` elements keeps."""
         return min(self.k, numel) if self.k is not None else count_for(numel, self.ratio)
 
+    def scale(self, numel: int, k: int) -> float:
+        """The factor kept coordinates are multiplied by when decoded: ``d/k`` when unbiased, else 1."""
+        return numel / k if self.unbiased and k else 1.0
+
     @property
     def guarantees(self) -> Guarantees:
-        """Unbiased over the draw; not contractive (its variance factor ``d/k - 1`` exceeds 1 for ``k < d/2``)."""
+        """Unbiased over the draw when scaled; not contractive for every ``x`` either way."""
+        if self.unbiased:
+            return Guarantees(
+                unbiased=True,
+                contractive=False,  # its variance factor d/k - 1 exceeds 1 for k < d/2
+                delta=None,
+                error_bound="E||x - x'||^2 = (d/k - 1) ||x||^2; |x - x'| <= (d/k - 1) max|x| per coordinate",
+            )
         return Guarantees(
-            unbiased=True,
-            contractive=False,
+            unbiased=False,
+            contractive=False,  # only in expectation: E||x - x'||^2 = (1 - k/d) ||x||^2
             delta=None,
-            error_bound="E||x - x'||^2 = (d/k - 1) ||x||^2; |x - x'| <= (d/k - 1) max|x| per coordinate",
+            error_bound="E||x - x'||^2 = (1 - k/d) ||x||^2; |x - x'| <= max|x| per coordinate",
         )
 
     def encode(self, x: npt.ArrayLike) -> CompressedPayload:
@@ -105,13 +147,13 @@ class RandK(Compressor):
         return CompressedPayload(self.name, int(flat.size), {"k": k, "seed": self.seed}, {"values": values})
 
     def decode(self, payload: CompressedPayload, *, reference: npt.ArrayLike | None = None) -> Decoded:
-        """``d/k`` times the values at the seed's coordinates, zero elsewhere (unbiased)."""
+        """The values at the seed's coordinates, times ``d/k`` when unbiased; zero elsewhere."""
         self._own(payload)
         numel, k = payload.numel, int(payload.params["k"])
         out = np.zeros(numel, dtype=np.float32)
         if k:
             idx = shared_indices(numel, k, int(payload.params["seed"]))
-            out[idx] = np.asarray(payload.arrays["values"], dtype=np.float32) * np.float32(numel / k)
+            out[idx] = np.asarray(payload.arrays["values"], dtype=np.float32) * np.float32(self.scale(numel, k))
         return Decoded(values=out, ok=True)
 
     def wire_bytes(self, numel: int) -> int:
@@ -121,3 +163,12 @@ class RandK(Compressor):
     def error_bound(self, payload: CompressedPayload) -> float:
         """Without the dropped coordinates nothing bounds them: ``inf`` unless every coordinate was sent."""
         return 0.0 if int(payload.params["k"]) == payload.numel else float("inf")
+
+    def support(self, numel: int, round: int, mean_sketch: Floats | None) -> Coordinates:
+        """The round's ``k`` coordinates, drawn from ``shared_seed(seed, round)`` (no sketch needed)."""
+        k = self.count(numel)
+        return Coordinates(shared_indices(numel, k, shared_seed(self.seed, round, RANDK_SALT)), self.scale(numel, k))
+
+    def support_numel(self, numel: int) -> int:
+        """``k``."""
+        return self.count(numel)

@@ -4,8 +4,9 @@ Top-K keeps the ``k`` coordinates of ``x`` with the largest ``|x_i|`` and drops 
 biased but contractive: ``||C(x) - x||^2 <= (1 - k/d) ||x||^2`` for every ``x`` in ``R^d`` (the
 dropped mass is at most the average share), which is what error feedback needs. Because every
 worker picks its own coordinates, the payload carries them: ``k`` float32 values and ``k`` int32
-indices, 8 bytes per kept coordinate, and the workers combine payloads by all-gather (an
-all-reduce cannot add vectors whose supports differ without the indices): ARC-Top-K's motivation.
+indices, 8 bytes per kept coordinate. Payloads with different supports cannot be added on the way
+(:attr:`TopK.summable` is false, :attr:`TopK.indices` ``"own"``), so
+:func:`squall.collectives.allreduce` all-gathers them: ARC-Top-K's motivation.
 
 Payload: parameter ``k``; arrays ``values`` (float32, ``k``) and ``indices`` (int32, ``k``, each in
 ``[0, numel)`` and strictly increasing, so a payload has exactly one encoding and no coordinate
@@ -22,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from squall.training.compress.base import Compressor, Decoded, Guarantees
+from squall.training.compress.base import Compressor, Decoded, Floats, Guarantees, Indices
 from squall.wire import ArraySpec, CompressedPayload, ParamKind, PayloadSchema, WireError, wire_size
 from squall.wire.compressed import Params
 
@@ -94,6 +95,8 @@ class TopK(Compressor):
 
     name: ClassVar[str] = "top_k"
     schema: ClassVar[PayloadSchema] = SCHEMA
+    summable: ClassVar[bool] = False
+    indices: ClassVar[Indices] = "own"
 
     def __init__(self, *, k: int | None = None, ratio: float = 0.01) -> None:
         if k is not None and k < 0:
@@ -148,6 +151,11 @@ class TopK(Compressor):
         out = np.zeros(payload.numel, dtype=np.float32)
         out[np.asarray(payload.arrays["indices"], dtype=np.int64)] = payload.arrays["values"]
         return Decoded(values=out, ok=True)
+
+    def accumulate(self, payload: CompressedPayload, into: Floats) -> None:
+        """``into[indices] += values`` (the indices of a validated payload are distinct and in range)."""
+        into[np.asarray(payload.arrays["indices"], dtype=np.int64)] += np.asarray(payload.arrays["values"],
+                                                                                 dtype=np.float32)
 
     def wire_bytes(self, numel: int) -> int:
         """Header, ``k`` and ``8 k`` bytes of values and indices."""
