@@ -5,9 +5,10 @@
     .venv/bin/python benchmarks/compression.py --loopback --workers 4 --sizes 1MB    # no Docker
 
 For each worker count one cluster is started; for each profile its links are shaped, then the job
-``squall.bench.compressed:compressed_bench`` times, size by size and call by call, the
-dense ring (float32, and float16: ``dense16``, T8.2's yardstick), Top-K by all-gather, Rand-K and ARC-Top-K
-by index-free ring, and the two-step and per-hop INT8/INT4 all-reduces (that module's table), and the job
+``squall.bench.compressed:compressed_bench`` times, size by size and call by call, ``squall.collectives.allreduce``
+with each compressor (that module's table): the dense ring (float32, and float16: ``dense16``, T8.2's yardstick),
+Top-K by all-gather, Rand-K and ARC-Top-K by index-free ring, and group quantization in INT8/INT4 by the
+two-step and the per-hop ring schedules, and the job
 ``gloo_allreduce`` times ``torch.distributed``'s gloo on the same containers. Sizes are binary float32
 tensors per rank (the fp16 ring all-reduces the same values in half the bytes).
 

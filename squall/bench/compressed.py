@@ -1,17 +1,17 @@
 """Job ``squall.bench.compressed:compressed_bench``: each compressed all-reduce beside the ring.
 
 Run on every node of a cluster (``benchmarks/compression.py`` does, on shaped links), it times, for
-each size, one call after another of every algorithm of ``algorithms``:
+each size, one call after another of every algorithm of ``algorithms``, each one call of
+:func:`squall.collectives.allreduce` (mean) with the compression and schedule of :func:`settings`:
 
 ==============  ================================================================================
-``dense``       our float32 ring all-reduce (:func:`~squall.collectives.ring_allreduce`)
-``dense16``     the same ring over the vector in float16: the yardstick of T8.2 (an fp16 ring; docs/protocols/lowbit.md)
-``top_k``       Top-K with indices by all-gather (:func:`~squall.collectives.sparse.topk_allgather`)
-``rand_k``      shared-seed Rand-K, index-free ring (:func:`~squall.collectives.sparse.randk_allreduce`)
-``arc``         ARC-Top-K: sketch ring, then rows ring (:func:`~squall.collectives.sparse.arc_allreduce`)
-``int8``        two-step INT8 (:func:`~squall.collectives.lowbit.two_step_allreduce`); ``int4`` alike
-``int8_hop``    ring requantizing at every hop (:func:`~squall.collectives.lowbit.requant_ring_allreduce`);
-                ``int4_hop`` alike
+``dense``       no compression: our float32 ring all-reduce
+``dense16``     no compression, the vector in float16: the yardstick of T8.2 (an fp16 ring; docs/protocols/lowbit.md)
+``top_k``       :class:`~squall.training.compress.TopK`: values and indices all-gathered
+``rand_k``      :class:`~squall.training.compress.RandK`: shared-seed coordinates, index-free ring
+``arc``         :class:`~squall.training.compress.ArcTopK`: sketch ring, then rows ring
+``int8``        :class:`~squall.training.compress.GroupQuant` (8 bits), two-step; ``int4`` alike
+``int8_hop``    the same, schedule ``"ring"``: requantizing at every hop; ``int4_hop`` alike
 ==============  ================================================================================
 
 Config: ``sizes`` (bytes of float32 per rank) [1 MiB, 4 MiB]; ``algorithms`` [all]; ``ratio`` of
@@ -36,11 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from squall.collectives.lowbit import requant_ring_allreduce, two_step_allreduce
-from squall.collectives.ring import ring_allreduce
-from squall.collectives.sparse import arc_allreduce, randk_allreduce, topk_allgather
+from squall.collectives import allreduce
 from squall.job import JobContext
-from squall.training.compress import arc
+from squall.training.compress import ArcTopK, Compression, GroupQuant, RandK, TopK, arc
 from squall.training.compress.topk import MIN_RATIO
 from squall.transport import TcpTransport, Transport
 from squall.wire import Message
@@ -108,22 +106,35 @@ class CompressedBenchConfig:
 Call = Callable[[Transport, torch.Tensor, int], Awaitable[Any]]
 
 
-def calls(config: CompressedBenchConfig, numel: int) -> dict[str, Call]:
-    """Each algorithm as ``(transport, tensor, round) -> awaitable``."""
-    segments = arc.plan(numel, cols=config.arc_cols)
-    t = config.timeout
+def settings(config: CompressedBenchConfig) -> dict[str, tuple[Compression | None, str]]:
+    """Each algorithm's compression and schedule (module docstring)."""
     return {
-        "dense": lambda tr, x, r: ring_allreduce(tr, x, round=r, op="mean", timeout=t),
-        "dense16": lambda tr, x, r: ring_allreduce(tr, half(x), round=r, op="mean", timeout=t),
-        "top_k": lambda tr, x, r: topk_allgather(tr, x, ratio=config.ratio, round=r, timeout=t),
-        "rand_k": lambda tr, x, r: randk_allreduce(tr, x, ratio=config.ratio, seed=0, round=r, timeout=t),
-        "arc": lambda tr, x, r: arc_allreduce(tr, x, segments=segments, ratio=config.arc_ratio, rank=config.arc_rank,
-                                              seed=0, round=r, timeout=t),
-        "int8": lambda tr, x, r: two_step_allreduce(tr, x, round=r, bits=8, timeout=t),
-        "int4": lambda tr, x, r: two_step_allreduce(tr, x, round=r, bits=4, timeout=t),
-        "int8_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=8, timeout=t),
-        "int4_hop": lambda tr, x, r: requant_ring_allreduce(tr, x, round=r, bits=4, timeout=t),
+        "dense": (None, "auto"),
+        "dense16": (None, "auto"),  # over the vector in float16 (:func:`half`)
+        "top_k": (TopK(ratio=config.ratio), "auto"),
+        "rand_k": (RandK(ratio=config.ratio, seed=0), "auto"),
+        "arc": (ArcTopK(ratio=config.arc_ratio, rank=config.arc_rank, cols=config.arc_cols, seed=0), "auto"),
+        "int8": (GroupQuant(bits=8), "auto"),
+        "int4": (GroupQuant(bits=4), "auto"),
+        "int8_hop": (GroupQuant(bits=8), "ring"),
+        "int4_hop": (GroupQuant(bits=4), "ring"),
     }
+
+
+def calls(config: CompressedBenchConfig) -> dict[str, Call]:
+    """Each algorithm as ``(transport, tensor, round) -> awaitable``."""
+    t = config.timeout
+
+    def call(compression: Compression | None, schedule: str) -> Call:
+        def run(transport: Transport, x: torch.Tensor, round: int) -> Awaitable[torch.Tensor]:
+            return allreduce(transport, x, round=round, op="mean", compression=compression, schedule=schedule,
+                             timeout=t)
+
+        return run
+
+    table = {name: call(compression, schedule) for name, (compression, schedule) in settings(config).items()}
+    table["dense16"] = lambda tr, x, r: table["dense"](tr, half(x), r)
+    return table
 
 
 def half(x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +157,7 @@ async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, An
         for size in config.sizes:
             numel = size // 4
             x = torch.from_numpy(np.random.default_rng(ctx.rank).standard_normal(numel).astype(np.float32))
-            table = calls(config, numel)
+            table = calls(config)
             inputs = {a: half(x) if a == "dense16" else x for a in config.algorithms}  # fp16 activations, as given
             times: dict[str, list[float]] = {a: [] for a in config.algorithms}
             sent: dict[str, list[tuple[int, int]]] = {a: [] for a in config.algorithms}
@@ -167,8 +178,8 @@ async def _bench(ctx: JobContext, config: CompressedBenchConfig) -> dict[str, An
             for algorithm in config.algorithms:
                 median = float(np.median(times[algorithm]))
                 round_ += 1
-                slowest = await ring_allreduce(transport, torch.tensor([median], dtype=torch.float64), round=round_,
-                                               op="max", tag=SUMMARY_TAG)
+                slowest = await allreduce(transport, torch.tensor([median], dtype=torch.float64), round=round_,
+                                          op="max", tag=SUMMARY_TAG)
                 rows.append({"algorithm": algorithm, "bytes": size, "median_s": median,
                              "median_s_max": float(slowest[0]), "bytes_sent": max(b for b, _ in sent[algorithm]),
                              "messages_sent": max(m for _, m in sent[algorithm]), "hops": hops(algorithm, n),

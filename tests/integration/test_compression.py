@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from squall.checks import Target, converged
-from squall.collectives.lowbit import lowbit_bytes_per_rank
+from squall.collectives import sent_bytes
 from squall.experiment.lab import Lab, RunSpec
 from squall.protocols.arc_topk.sgd import NAME as ARC
 from squall.protocols.arc_topk.sgd import ArcConfig, arc_bytes_per_rank
@@ -18,7 +18,7 @@ from squall.protocols.catalog import lookup
 from squall.protocols.lowbit.sgd import RING, TWO_STEP
 from squall.protocols.randk.sgd import NAME as RANDK
 from squall.protocols.topk.sgd import NAME as TOPK
-from squall.training.compress import TopK
+from squall.training.compress import GroupQuant, TopK
 from squall.training.tasks import make_task
 
 pytestmark = pytest.mark.docker
@@ -56,7 +56,8 @@ def per_step(name: str, args: dict[str, Any], rank: int) -> int:
         # The paper's reshaping of the task's tensors (the default): w (10 x 64) sketched, b (10,) whole.
         config = ArcConfig(ratio=args["ratio"], cols=args["cols"])
         return arc_bytes_per_rank(D, n, config, make_task("logreg_digits").tensor_shapes) + 2 * 2 * (n - 1) * HEADER
-    return lowbit_bytes_per_rank(D, n, int(args["bits"]), 128, rank, ring=name == RING)
+    return sent_bytes(D, n, compression=GroupQuant(bits=int(args["bits"])), schedule="ring" if name == RING else "auto",
+                      rank=rank)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from squall.collectives import ring_allreduce, run_inproc
-from squall.protocols.arc_topk.sgd import ArcConfig, arc_aggregate, arc_bytes_per_rank
+from squall.collectives import allreduce, run_inproc
+from squall.protocols.arc_topk.sgd import ArcConfig, arc_bytes_per_rank
 from squall.protocols.arc_topk.synthetic import Shifted, contraction_trials, shifted_distance
 from squall.protocols.catalog import make_algorithm
-from squall.protocols.topk.sgd import TopKConfig, topk_aggregate
-from squall.training.compress import TopK, arc
+from squall.protocols.topk.sgd import TopKConfig
+from squall.training.compress import Compression, TopK, arc
 from squall.training.loop import LoopConfig
 from squall.training.optim import LrSchedule
 from squall.training.tasks import make_task
@@ -36,8 +36,13 @@ def test_t6_1_every_worker_selects_the_same_rows_and_returns_the_same_mean() -> 
     grads = gradients(1)
     config = ArcConfig(ratio=RATIO, rank=RANK, cols=COLS, seed=5)
 
+    compression = config.compression(ROWS * COLS)
+
     async def one(transport: Transport) -> tuple[torch.Tensor, torch.Tensor]:
-        return await arc_aggregate(transport, config)(grads[transport.rank], 3)
+        local = torch.empty(ROWS * COLS)
+        mean = await allreduce(transport, grads[transport.rank], round=3, op="mean", compression=compression,
+                               local=local)
+        return local, mean
 
     results = run_inproc(WORKERS, one)
     rows = [tuple(np.flatnonzero(local.view(ROWS, COLS).abs().sum(dim=1).numpy())) for local, _ in results]
@@ -62,29 +67,25 @@ def test_t6_1_bytes_per_worker_per_step_equal_the_formulas() -> None:
     n, d = WORKERS, ROWS * COLS
     k = int(RATIO * ROWS)
 
-    def measured(aggregate_of: object) -> list[int]:
+    def measured(compression: Compression | None) -> list[int]:
         async def one(transport: Transport) -> int:
             before = transport.total_counters()
-            await aggregate_of(transport)(grads[transport.rank], 0)  # type: ignore[operator]
+            await allreduce(transport, grads[transport.rank], round=0, op="mean", compression=compression)
             after = transport.total_counters()
             return after.bytes_sent - before.bytes_sent
 
         return run_inproc(n, one)
 
-    arc_sent = measured(lambda t: arc_aggregate(t, ArcConfig(ratio=RATIO, rank=RANK, cols=COLS)))
+    arc_sent = measured(ArcConfig(ratio=RATIO, rank=RANK, cols=COLS).compression(d))
     arc_formula = 2 * (n - 1) * 4 * (ROWS * RANK + k * COLS) // n
     assert arc_formula == arc_bytes_per_rank(d, n, ArcConfig(ratio=RATIO, rank=RANK, cols=COLS))
     assert arc_sent == [arc_formula + 2 * 2 * (n - 1) * HEADER] * n  # two rings of 2(n-1) messages
 
-    topk_sent = measured(lambda t: topk_aggregate(t, TopKConfig(ratio=k * COLS / d)))
+    topk_sent = measured(TopKConfig(ratio=k * COLS / d).compressor())
     payload_header = TopK(k=1).wire_bytes(d) - 8
     assert topk_sent == [(n - 1) * 8 * k * COLS + (n - 1) * (payload_header + HEADER)] * n
 
-    async def dense(transport: Transport) -> int:
-        await ring_allreduce(transport, grads[transport.rank], round=0, op="mean")
-        return transport.total_counters().bytes_sent
-
-    assert run_inproc(n, dense) == [2 * (n - 1) * 4 * ROWS * COLS // n + 2 * (n - 1) * HEADER] * n
+    assert measured(None) == [2 * (n - 1) * 4 * ROWS * COLS // n + 2 * (n - 1) * HEADER] * n
     assert arc_formula < (n - 1) * 8 * k * COLS  # at 8 workers the sketch pays for itself against all-gather
 
 

@@ -8,18 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from squall.collectives import CollectiveError, run_inproc
+from squall.collectives import CollectiveError, allreduce, run_inproc, sent_bytes
 from squall.collectives.allgather import payload_message
-from squall.collectives.lowbit import (
-    GATHER_TAG,
-    SCATTER_TAG,
-    lowbit_bytes_per_rank,
-    payload_bytes,
-    requant_ring_allreduce,
-    two_step_allreduce,
-)
+from squall.collectives.requant import GATHER_TAG, SCATTER_TAG
 from squall.protocols.lowbit.accuracy import relative_error
 from squall.protocols.lowbit.sgd import RING, TWO_STEP
+from squall.training.compress import GroupQuant
 from squall.training.compress.quant import SCHEMA, quantize, to_payload
 from squall.transport import Transport
 from squall.wire import Message
@@ -41,42 +35,46 @@ def test_t8_1_the_per_hop_ring_error_grows_with_the_ranks(bits: int) -> None:
     assert errors[16] > relative_error(TWO_STEP, world=16, bits=bits, seed=16)
 
 
-@pytest.mark.parametrize("collective", [two_step_allreduce, requant_ring_allreduce])
+@pytest.mark.parametrize("schedule", ["two_step", "ring"])
 @pytest.mark.parametrize("bits", [8, 4])
-def test_bytes_per_rank_match_section_8_3_and_every_rank_gets_the_same_bits(collective: object, bits: int) -> None:
+def test_bytes_per_rank_match_section_8_3_and_every_rank_gets_the_same_bits(schedule: str, bits: int) -> None:
     n, group = 4, 128
     numel = n * group * 32
     rng = np.random.default_rng(bits)
     inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(n)]
+    quantizer = GroupQuant(bits=bits, group=group)
 
     async def one(transport: Transport) -> tuple[torch.Tensor, int]:
-        out = await collective(  # type: ignore[operator]
-            transport, inputs[transport.rank], round=1, bits=bits, group=group)
+        out = await allreduce(transport, inputs[transport.rank], round=1, op="mean", compression=quantizer,
+                              schedule=schedule)
         return out, transport.total_counters().bytes_sent
 
     results = run_inproc(n, one)
     assert all(torch.equal(results[0][0], out) for out, _ in results)
     segment = numel // n
-    expected = 2 * (n - 1) * (HEADER + payload_bytes(segment, bits, group))
-    assert [sent for _, sent in results] == [expected] * n == [lowbit_bytes_per_rank(numel, n, bits, group)] * n
+    expected = 2 * (n - 1) * (HEADER + quantizer.wire_bytes(segment))
+    assert [sent for _, sent in results] == [expected] * n
+    assert expected == sent_bytes(numel, n, compression=quantizer, schedule=schedule)
     data = 2 * (n - 1) * segment * (bits / 8 + 4 / group)  # codes + fp16 scale and zero per group
     fp32 = 2 * (n - 1) * segment * 4  # the fp32 ring's
     assert data / fp32 == pytest.approx({8: 0.258, 4: 0.133}[bits], abs=0.001)
-    assert expected - data == 2 * (n - 1) * (HEADER + payload_bytes(0, bits, group))  # headers only besides
+    assert expected - data == 2 * (n - 1) * (HEADER + quantizer.wire_bytes(0))  # headers only besides
 
 
 @pytest.mark.parametrize(("n", "numel"), [(4, 650), (3, 1000), (5, 128 * 7 + 3)])
 def test_bytes_per_rank_with_uneven_segments_follow_each_schedule(n: int, numel: int) -> None:
     rng = np.random.default_rng(numel)
     inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(n)]
-    for collective, ring in ((two_step_allreduce, False), (requant_ring_allreduce, True)):
+    quantizer = GroupQuant(bits=4)
+    for schedule in ("two_step", "ring"):
 
-        async def one(transport: Transport, collective: object = collective) -> int:
-            await collective(transport, inputs[transport.rank], round=0, bits=4)  # type: ignore[operator]
+        async def one(transport: Transport, schedule: str = schedule) -> int:
+            await allreduce(transport, inputs[transport.rank], round=0, op="mean", compression=quantizer,
+                            schedule=schedule)
             return transport.total_counters().bytes_sent
 
-        expected = [lowbit_bytes_per_rank(numel, n, 4, 128, rank, ring=ring) for rank in range(n)]
-        assert run_inproc(n, one) == expected, collective
+        expected = [sent_bytes(numel, n, compression=quantizer, schedule=schedule, rank=rank) for rank in range(n)]
+        assert run_inproc(n, one) == expected, schedule
 
 
 def test_a_payload_with_the_wrong_group_metadata_fails_the_collective_naming_the_peer() -> None:
@@ -89,7 +87,7 @@ def test_a_payload_with_the_wrong_group_metadata_fails_the_collective_naming_the
             await transport.send(0, payload_message(bad, SCHEMA, round=0, tag=SCATTER_TAG))
             await transport.send(0, Message.of_tensor(torch.zeros(1), round=0, tag=GATHER_TAG))
             return None
-        return await two_step_allreduce(transport, x, round=0, bits=8, group=group)
+        return await allreduce(transport, x, round=0, op="mean", compression=GroupQuant(bits=8, group=group))
 
     wrong = "rank 1 quantized with 8 bits in groups of 64, expected 8 bits in groups of 128"
     with pytest.raises(CollectiveError, match=wrong):
@@ -97,8 +95,11 @@ def test_a_payload_with_the_wrong_group_metadata_fails_the_collective_naming_the
 
 
 def test_settings_are_checked() -> None:
-    async def one(transport: Transport) -> torch.Tensor:
-        return await two_step_allreduce(transport, torch.ones(4), round=0, bits=3)
-
     with pytest.raises(ValueError, match="bits must be one of"):
+        GroupQuant(bits=3)
+
+    async def one(transport: Transport) -> torch.Tensor:
+        return await allreduce(transport, torch.ones(4), round=0, op="max", compression=GroupQuant())
+
+    with pytest.raises(ValueError, match="a compressed all-reduce takes 'sum' or 'mean'"):
         run_inproc(1, one)

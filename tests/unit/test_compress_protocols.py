@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from squall.bench.compressed import ALGORITHMS, CompressedBenchConfig, calls
-from squall.collectives import run_inproc
-from squall.collectives.lowbit import lowbit_bytes_per_rank
+from squall.collectives import run_inproc, sent_bytes
 from squall.protocols.arc_topk.sgd import NAME as ARC
 from squall.protocols.catalog import lookup, make_algorithm
 from squall.protocols.lowbit.sgd import RING, TWO_STEP
 from squall.protocols.randk.sgd import NAME as RANDK
 from squall.protocols.topk.sgd import NAME as TOPK
-from squall.training.compress import RandK, TopK
+from squall.training.compress import GroupQuant, RandK, TopK
 from squall.training.loop import train
 from squall.training.optim import LrSchedule, Sgd
 from squall.training.run import LoopConfig
@@ -83,7 +82,8 @@ def test_arc_top_k_starts_dense_then_sends_two_rings_sketch_and_rows() -> None:
 @pytest.mark.parametrize("bits", [8, 4])
 def test_low_bit_all_reduces_send_section_8_3_bytes(name: str, bits: int) -> None:
     sent, params = per_step_bytes(name, {"bits": bits, "group": 128})
-    assert sent == [[lowbit_bytes_per_rank(D, N, bits, 128, ring=name == RING)] * STEPS] * N
+    expected = sent_bytes(D, N, compression=GroupQuant(bits=bits), schedule="ring" if name == RING else "two_step")
+    assert sent == [[expected] * STEPS] * N
     assert all(torch.equal(params[0], p) for p in params)
 
 
@@ -129,7 +129,7 @@ def test_each_protocol_trains_logistic_regression_to_85_percent_with_identical_r
 def test_the_benchmark_job_runs_every_algorithm_and_each_sends_less_than_the_dense_ring() -> None:
     config = CompressedBenchConfig.from_json({"sizes": [64 << 10], "arc_cols": 64})
     numel = (64 << 10) // 4
-    table = calls(config, numel)
+    table = calls(config)
     assert set(table) == set(ALGORITHMS)
     rng = np.random.default_rng(5)
     inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(N)]

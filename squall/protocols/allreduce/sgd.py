@@ -2,44 +2,45 @@
 
 The algorithms (:class:`~squall.training.algorithms.reduce.AllReduceSGD`,
 :class:`~squall.training.algorithms.reduce.LocalSGD`) take any reducer and live in the common
-layer; :func:`collective_reducer` adapts the collectives of :mod:`squall.collectives` (imported
-lazily) to a :data:`~squall.training.algorithms.base.Reducer`. The builders at the end are what
-:mod:`squall.protocols.allreduce.protocol` declares to the shared ``train`` job.
+layer; :func:`collective_reducer` adapts :func:`squall.collectives.allreduce` (exact, by the ring or
+the butterfly schedule) to a :data:`~squall.training.algorithms.base.Reducer`. The builders at the
+end are what :mod:`squall.protocols.allreduce.protocol` declares to the shared ``train`` job.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any
 
 import torch
 
+from squall.collectives import allreduce
 from squall.training.algorithms.base import Algorithm, Reducer
 from squall.training.algorithms.reduce import AllReduceSGD, LocalSGD
 from squall.training.optim import Sgd
 from squall.transport import Transport
 
-#: Collectives by name: the function of :mod:`squall.collectives` that runs each.
-COLLECTIVES = {"ring": "ring_allreduce", "butterfly": "butterfly_allreduce"}
+#: Collectives by name (the schedule of :func:`squall.collectives.allreduce` that runs each) and the
+#: options each takes.
+COLLECTIVES: dict[str, frozenset[str]] = {
+    "ring": frozenset({"chunk_bytes", "tag", "timeout"}),
+    "butterfly": frozenset({"chunk_bytes", "tag", "timeout", "algorithm", "link"}),
+}
 
 
 def collective_reducer(transport: Transport, collective: str = "ring", **options: Any) -> Reducer:
-    """A mean all-reduce over ``transport`` by ``squall.collectives``' ring or butterfly.
+    """A mean all-reduce over ``transport`` by :func:`squall.collectives.allreduce`'s ring or butterfly.
 
-    :param options: passed on to the collective (``chunk_bytes``, ``timeout``, ``algorithm`` ...).
+    :param options: passed on to the all-reduce (``chunk_bytes``, ``timeout``, the butterfly's ``algorithm`` ...).
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {sorted(COLLECTIVES)}")
-    function = getattr(importlib.import_module("squall.collectives"), COLLECTIVES[collective])
-    try:
-        inspect.signature(function).bind(transport, torch.empty(0), round=0, op="mean", **options)
-    except TypeError as exc:
-        raise ValueError(f"{collective} all-reduce does not take options {sorted(options)}: {exc}") from exc
+    unknown = sorted(set(options) - COLLECTIVES[collective])
+    if unknown:
+        raise ValueError(f"{collective} all-reduce does not take options {unknown}; "
+                         f"it takes {sorted(COLLECTIVES[collective])}")
 
     async def reduce(tensor: torch.Tensor, round: int) -> torch.Tensor:
-        out: torch.Tensor = await function(transport, tensor, round=round, op="mean", **options)
-        return out
+        return await allreduce(transport, tensor, round=round, op="mean", schedule=collective, **options)
 
     return reduce
 

@@ -1,5 +1,6 @@
 """ARC-Top-K as a training algorithm: :class:`~squall.training.compress.CompressedSGD` over
-:func:`squall.collectives.sparse.arc_allreduce` (the paper's two all-reduces over our ring).
+:func:`squall.collectives.allreduce` with an :class:`~squall.training.compress.ArcTopK` compression
+(the paper's two all-reduces over our ring).
 
 Per step ``t`` (every rank alike): ``V`` from ``shared_seed(seed, t)``; ring all-reduce (mean) of the
 sketch ``G_i V``; the top rows of the mean sketch; ring all-reduce (mean) of the selected rows; scatter.
@@ -23,12 +24,11 @@ from typing import Any
 
 import torch
 
-from squall.collectives import ring_allreduce
-from squall.collectives.sparse import arc_allreduce
+from squall.collectives import bind
 from squall.training.algorithms.base import Algorithm, Shapes
-from squall.training.compress import CompressedSGD
+from squall.training.compress import ArcTopK, CompressedSGD
 from squall.training.compress import arc as maths
-from squall.training.compress.feedback import feedback_options
+from squall.training.compress.feedback import AllReduce, FeedbackConfig, feedback_options
 from squall.training.optim import Sgd
 from squall.transport import Transport
 
@@ -56,9 +56,9 @@ class ArcConfig:
     def __post_init__(self) -> None:
         if not 0 < self.ratio <= 1:
             raise ValueError(f"arc_topk: ratio = {self.ratio} must be in (0, 1]")
-        if not 1 <= self.rank <= 1024:
-            raise ValueError(f"arc_topk: rank = {self.rank} must be in [1, 1024]")
-        if not 1 <= self.cols <= 1 << 20:
+        if not 1 <= self.rank <= maths.MAX_RANK:
+            raise ValueError(f"arc_topk: rank = {self.rank} must be in [1, {maths.MAX_RANK}]")
+        if not 1 <= self.cols <= maths.MAX_COLS:
             raise ValueError(f"arc_topk: cols = {self.cols} must be in [1, 2**20]")
         if not 0 <= self.seed < 1 << 32:
             raise ValueError(f"arc_topk: seed = {self.seed} must be in [0, 2**32)")
@@ -71,6 +71,17 @@ class ArcConfig:
             return self.shapes
         return task_shapes if self.reshape == "task" else None
 
+    def compression(self, numel: int, task_shapes: Shapes | None = None) -> ArcTopK:
+        """The compression of a vector of ``numel`` elements holding the task's tensors ``task_shapes``.
+
+        The task's tensors are used only when they add up to ``numel`` (a wrapper that appends
+        entries to the vector gets one matrix of ``cols`` columns instead).
+        """
+        tensors = self.tensors(task_shapes)
+        if self.shapes is None and tensors is not None and sum(map(math.prod, tensors)) != numel:
+            tensors = None
+        return ArcTopK(ratio=self.ratio, rank=self.rank, cols=self.cols, shapes=tensors, seed=self.seed)
+
 
 def arc_bytes_per_rank(numel: int, world_size: int, config: ArcConfig, task_shapes: Shapes | None = None) -> int:
     """Data bytes one rank sends per compressed step when ``n`` divides both all-reduced sizes (headers apart)."""
@@ -79,47 +90,30 @@ def arc_bytes_per_rank(numel: int, world_size: int, config: ArcConfig, task_shap
     return 2 * (world_size - 1) * floats * 4 // world_size
 
 
-class ArcAggregate:
-    """``vector -> (its ARC-Top-K rows, the mean of every rank's)`` by two ring all-reduces (an :data:`Aggregate`).
+class ArcTopKSGD(CompressedSGD):
+    """:class:`CompressedSGD` with ARC-Top-K, told the task's tensors for the paper's reshaping.
 
-    The segment plan is made on the first call from the tensors :meth:`bind` was told (every rank is
-    told the same task's, so every rank cuts the vector alike).
+    The compression is made on the first compressed step from the tensors :meth:`bind_tensors` was
+    told (every rank is told the same task's, so every rank cuts the vector alike), and again when
+    the vector's size changes.
     """
 
-    def __init__(self, transport: Transport, config: ArcConfig) -> None:
-        self.transport, self.config = transport, config
+    def __init__(self, allreduce: AllReduce, config: ArcConfig, *, feedback: FeedbackConfig | None = None,
+                 optimizer: Sgd | None = None) -> None:
+        super().__init__(allreduce, config.compression(0), feedback=feedback, optimizer=optimizer, name=NAME)
+        self.config = config
         self.task_shapes: Shapes | None = None
-        self.segments: tuple[maths.Segment, ...] | None = None
-
-    def bind(self, shapes: Shapes) -> None:
-        """The task's tensors, in packing order (before the first compressed step)."""
-        self.task_shapes, self.segments = shapes, None
-
-    async def __call__(self, vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        config = self.config
-        if self.segments is None or sum(s.numel for s in self.segments) != vector.numel():
-            tensors = config.tensors(self.task_shapes)
-            if config.shapes is None and tensors is not None and sum(map(math.prod, tensors)) != vector.numel():
-                tensors = None  # the task's tensors are not this vector's (a wrapper added entries): one matrix
-            self.segments = maths.plan(vector.numel(), shapes=tensors, cols=config.cols)
-        return await arc_allreduce(self.transport, vector, segments=self.segments, ratio=config.ratio,
-                                   rank=config.rank, seed=config.seed, round=round, timeout=config.timeout)
-
-
-def arc_aggregate(transport: Transport, config: ArcConfig) -> ArcAggregate:
-    """The ARC-Top-K aggregation of ``config`` over ``transport`` (see :class:`ArcAggregate`)."""
-    return ArcAggregate(transport, config)
-
-
-class ArcTopK(CompressedSGD):
-    """:class:`CompressedSGD` over :class:`ArcAggregate`, told the task's tensors for the paper's reshaping."""
-
-    def __init__(self, aggregate: ArcAggregate, dense: Any, **kwargs: Any) -> None:
-        super().__init__(aggregate, dense, **kwargs)
-        self.arc = aggregate
+        self.numel: int | None = None
 
     def bind_tensors(self, shapes: Shapes) -> None:
-        self.arc.bind(shapes)
+        self.task_shapes, self.numel = shapes, None
+
+    def compression_for(self, vector: torch.Tensor) -> ArcTopK:
+        if self.numel != vector.numel():
+            self.numel = vector.numel()
+            self.compression = self.config.compression(self.numel, self.task_shapes)
+        assert isinstance(self.compression, ArcTopK)
+        return self.compression
 
 
 def _shapes(value: Any) -> tuple[tuple[int, ...], ...] | None:
@@ -144,8 +138,5 @@ def build_arc_topk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> A
         seed=int(options.pop("seed", 0)),
         timeout=None if timeout is None else float(timeout),
     )
-
-    async def dense(tensor: torch.Tensor, round: int) -> torch.Tensor:
-        return await ring_allreduce(transport, tensor, round=round, op="mean", tag=DENSE_TAG, timeout=config.timeout)
-
-    return ArcTopK(arc_aggregate(transport, config), dense, feedback=feedback, optimizer=sgd, name=NAME)
+    reduce = bind(transport, op="mean", dense_tag=DENSE_TAG, timeout=config.timeout)
+    return ArcTopKSGD(reduce, config, feedback=feedback, optimizer=sgd)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from squall.collectives import run_inproc
-from squall.protocols.lowbit.sgd import COLLECTIVES, TWO_STEP
+from squall.collectives import allreduce, run_inproc
+from squall.protocols.lowbit.sgd import SCHEDULES, TWO_STEP
+from squall.training.compress import GroupQuant
 from squall.transport import Transport
 
 
@@ -22,15 +23,16 @@ def relative_error(collective: str = TWO_STEP, *, world: int = 4, bits: int = 8,
                    groups_per_rank: int = 64, seed: int = 0) -> float:
     """The relative error of ``collective``'s mean over ``world`` ranks (vectors of ``world x groups_per_rank``
     groups, so every rank's segment holds ``groups_per_rank`` groups); checks every rank got the same bits."""
-    if collective not in COLLECTIVES:
-        raise ValueError(f"collective {collective!r} is not one of {sorted(COLLECTIVES)}")
-    function = COLLECTIVES[collective]
+    if collective not in SCHEDULES:
+        raise ValueError(f"collective {collective!r} is not one of {sorted(SCHEDULES)}")
+    compressor = GroupQuant(bits=bits, group=group)
     numel = world * groups_per_rank * group
     rng = np.random.default_rng(seed)
     inputs = [torch.from_numpy(rng.standard_normal(numel).astype(np.float32)) for _ in range(world)]
 
     async def one(transport: Transport) -> torch.Tensor:
-        return await function(transport, inputs[transport.rank], round=0, bits=bits, group=group, op="mean")
+        return await allreduce(transport, inputs[transport.rank], round=0, op="mean", compression=compressor,
+                               schedule=SCHEDULES[collective])
 
     outs = run_inproc(world, one)
     if any(not torch.equal(outs[0], o) for o in outs[1:]):

@@ -5,8 +5,9 @@ model: the digits MLP (``64 -> hidden -> 10``, :class:`~squall.training.tasks.Di
 in one process, then split over ``world`` ranks as Megatron splits an MLP: rank ``i`` holds a
 slice of the hidden units (rows of ``W1``, columns of ``W2``), computes its partial logits
 ``relu(x W1_i^T + b1_i) W2_i^T``, and the partials are summed by an all-reduce, here the two-step
-low-bit one (:func:`~squall.collectives.lowbit.two_step_allreduce`, ``op="sum"``) over the
-in-process transport, or exactly (``bits`` None). The claim compares held-out accuracy.
+low-bit one (:func:`~squall.collectives.allreduce` with a
+:class:`~squall.training.compress.GroupQuant` compressor, ``op="sum"``) over the in-process
+transport, or exactly (``bits`` None). The claim compares held-out accuracy.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import functools
 
 import torch
 
-from squall.collectives import run_inproc
-from squall.collectives.lowbit import two_step_allreduce
+from squall.collectives import allreduce, run_inproc
+from squall.training.compress import GroupQuant
 from squall.training.tasks import DigitsMLP
 from squall.training.tasks.digits import digits_split
 from squall.transport import Transport
@@ -57,9 +58,10 @@ def split_accuracy(bits: int | None, *, world: int = 4, hidden: int = 128, group
     if bits is None:
         logits = sum((partial(r) for r in range(world)), torch.zeros(len(y), 10))
     else:
+        compressor = GroupQuant(bits=bits, group=group)
+
         async def one(transport: Transport) -> torch.Tensor:
-            return await two_step_allreduce(transport, partial(transport.rank), round=0, bits=bits, group=group,
-                                            op="sum")
+            return await allreduce(transport, partial(transport.rank), round=0, op="sum", compression=compressor)
 
         logits = run_inproc(world, one)[0]
     predicted = (logits + v["b2"].detach()).argmax(dim=1)

@@ -1,4 +1,5 @@
-"""All-reduce SGD over a low-bit mean all-reduce (two-step or per-hop ring)."""
+"""All-reduce SGD over a low-bit mean all-reduce: :func:`squall.collectives.allreduce` with a
+:class:`~squall.training.compress.GroupQuant` compressor, by the two-step schedule or the per-hop ring."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ from typing import Any
 
 import torch
 
-from squall.collectives.lowbit import requant_ring_allreduce, two_step_allreduce
+from squall.collectives import allreduce
 from squall.training.algorithms.base import Algorithm, Reducer
 from squall.training.algorithms.reduce import AllReduceSGD
-from squall.training.compress.quant import check_settings
+from squall.training.compress import GroupQuant
 from squall.training.optim import Sgd
 from squall.transport import Transport
 
 TWO_STEP = "lowbit_allreduce"  # Flash Communication's two-step all-reduce
 RING = "lowbit_ring"  # the control: requantize at every ring hop
-COLLECTIVES = {TWO_STEP: two_step_allreduce, RING: requant_ring_allreduce}
+#: The all-reduce schedule of each protocol.
+SCHEDULES = {TWO_STEP: "two_step", RING: "ring"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,18 +30,23 @@ class LowBitConfig:
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
-        check_settings(self.bits, self.group)
+        self.compressor()  # checks bits and group
+
+    def compressor(self) -> GroupQuant:
+        """The quantizer every payload is encoded with."""
+        return GroupQuant(bits=self.bits, group=self.group)
 
 
 def lowbit_reducer(transport: Transport, collective: str, config: LowBitConfig) -> Reducer:
-    """A mean all-reduce by ``collective`` (``lowbit_allreduce`` or ``lowbit_ring``)."""
-    function = COLLECTIVES.get(collective)
-    if function is None:
-        raise ValueError(f"unknown low-bit collective {collective!r}; allowed: {sorted(COLLECTIVES)}")
+    """A mean all-reduce by ``collective`` (``lowbit_allreduce`` or ``lowbit_ring``), in the tensor's dtype."""
+    schedule = SCHEDULES.get(collective)
+    if schedule is None:
+        raise ValueError(f"unknown low-bit collective {collective!r}; allowed: {sorted(SCHEDULES)}")
+    compressor = config.compressor()
 
     async def reduce(tensor: torch.Tensor, round: int) -> torch.Tensor:
-        out = await function(transport, tensor, round=round, bits=config.bits, group=config.group, op="mean",
-                             timeout=config.timeout)
+        out = await allreduce(transport, tensor, round=round, op="mean", compression=compressor, schedule=schedule,
+                              timeout=config.timeout)
         return out.to(tensor.dtype)
 
     return reduce

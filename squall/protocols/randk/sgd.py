@@ -1,7 +1,7 @@
 """Rand-K as a training algorithm: :class:`~squall.training.compress.CompressedSGD` over
-:func:`squall.collectives.sparse.randk_allreduce` (the step's shared coordinates from the run's
-``seed`` and the step, their values ring-all-reduced without indices, ``2 (n-1)/n 4 k`` bytes per
-worker, scattered back, scaled by ``d/k`` when unbiased).
+:func:`squall.collectives.allreduce` with a :class:`~squall.training.compress.RandK` compressor (the
+step's shared coordinates from the run's ``seed`` and the step, their values ring-all-reduced
+without indices, ``2 (n-1)/n 4 k`` bytes per worker, scattered back, scaled by ``d/k`` when unbiased).
 
 Without error feedback the scaling is what makes the average unbiased; with error feedback the
 unscaled (contractive in expectation, ``delta = k/d``) form is the one EF is analysed for, so
@@ -13,13 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from squall.collectives import ring_allreduce
-from squall.collectives.sparse import randk_allreduce
+from squall.collectives import bind
 from squall.training.algorithms.base import Algorithm
-from squall.training.compress import CompressedSGD
-from squall.training.compress.feedback import Aggregate, feedback_options
+from squall.training.compress import CompressedSGD, RandK
+from squall.training.compress.feedback import feedback_options
 from squall.training.compress.topk import MIN_RATIO
 from squall.training.optim import Sgd
 from squall.transport import Transport
@@ -44,15 +41,9 @@ class RandKConfig:
         if not 0 <= self.seed < 1 << 32:
             raise ValueError(f"randk: seed = {self.seed} must be in [0, 2**32)")
 
-
-def randk_aggregate(transport: Transport, config: RandKConfig) -> Aggregate:
-    """``vector -> (its Rand-K, the mean of every rank's)`` by an index-free ring all-reduce."""
-
-    async def aggregate(vector: torch.Tensor, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return await randk_allreduce(transport, vector, ratio=config.ratio, seed=config.seed, round=round,
-                                     unbiased=config.unbiased, timeout=config.timeout)
-
-    return aggregate
+    def compressor(self) -> RandK:
+        """The compressor of every compressed step (each step draws its coordinates from ``seed`` and the step)."""
+        return RandK(ratio=self.ratio, seed=self.seed, unbiased=self.unbiased)
 
 
 def build_randk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
@@ -65,8 +56,5 @@ def build_randk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algo
     timeout = options.pop("timeout", None)
     config = RandKConfig(ratio=float(options.pop("ratio", 0.1)), unbiased=unbiased, seed=int(options.pop("seed", 0)),
                          timeout=None if timeout is None else float(timeout))
-
-    async def dense(tensor: torch.Tensor, round: int) -> torch.Tensor:
-        return await ring_allreduce(transport, tensor, round=round, op="mean", tag=DENSE_TAG, timeout=config.timeout)
-
-    return CompressedSGD(randk_aggregate(transport, config), dense, feedback=feedback, optimizer=sgd, name=NAME)
+    reduce = bind(transport, op="mean", dense_tag=DENSE_TAG, timeout=config.timeout)
+    return CompressedSGD(reduce, config.compressor(), feedback=feedback, optimizer=sgd, name=NAME)

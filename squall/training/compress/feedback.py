@@ -21,27 +21,40 @@ average, ``(1 - b)`` on the gradient, so the learning rate keeps its meaning). A
 hook, EF21 and EF21M start with one dense all-reduce (``E_i = v_i = g_i``, ``Ē = mean g``;
 :attr:`ErrorFeedback.needs_start`) unless ``dense_start`` is off (then all start at zero).
 
-:class:`CompressedSGD` is the :class:`~squall.training.algorithms.Algorithm` over any aggregation
-``async (vector, round) -> (c_i, c)``: Top-K by all-gather, Rand-K and ARC-Top-K by index-free
-all-reduce (their protocols build it).
+:class:`CompressedSGD` is the :class:`~squall.training.algorithms.Algorithm` over one all-reduce
+and a compressor, the way hivemind hands a compression to its averager: each compressed step is
+``mean = allreduce(vector, k, compression=C, local=c_i)`` (:class:`AllReduce`: a protocol binds
+:func:`squall.collectives.allreduce` to its transport), which all-gathers Top-K, ring-all-reduces
+Rand-K's and ARC-Top-K's shared coordinates, and so on, as the compressor declares; the dense
+first step is the same call without compression.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from squall.training.algorithms.base import Algorithm, Reducer
+from squall.training.algorithms.base import Algorithm
+from squall.training.compress.base import Compression
 from squall.training.optim import Sgd
 
 #: Error-feedback variants, by name.
 EF_VARIANTS = ("none", "ef14", "ef21", "ef21m")
 
-#: ``async (vector to compress, round) -> (this worker's compressed vector, the workers' mean of them)``.
-Aggregate = Callable[[torch.Tensor, int], Awaitable[tuple[torch.Tensor, torch.Tensor]]]
+
+class AllReduce(Protocol):
+    """A mean all-reduce over the workers, optionally compressed (:func:`squall.collectives.bind` makes one).
+
+    ``local``, when given, receives this worker's own compressed vector (float32, the tensor's size).
+    """
+
+    def __call__(self, tensor: torch.Tensor, round: int, *, compression: Compression | None = None,
+                 local: torch.Tensor | None = None) -> Awaitable[torch.Tensor]:
+        """The mean of every worker's ``tensor`` (of its compression, when one is given)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,32 +136,39 @@ class ErrorFeedback:
 
 
 class CompressedSGD(Algorithm):
-    """Synchronous SGD over a compressed aggregation with error feedback.
+    """Synchronous SGD over a compressed all-reduce with error feedback.
 
-    :param aggregate: see :data:`Aggregate`.
-    :param dense: a mean all-reduce for EF21/EF21M's first step.
+    :param allreduce: see :class:`AllReduce`; called with ``compression`` for the compressed steps and
+        without for EF21/EF21M's dense first step.
+    :param compression: what every compressed step sends (:meth:`compression_for` may refine it per vector).
     :param feedback: the error-feedback variant and settings.
     :param name: the algorithm's name in metrics (the protocol's).
     """
 
     name = "compressed_sgd"
 
-    def __init__(self, aggregate: Aggregate, dense: Reducer, *, feedback: FeedbackConfig | None = None,
+    def __init__(self, allreduce: AllReduce, compression: Compression, *, feedback: FeedbackConfig | None = None,
                  optimizer: Sgd | None = None, name: str | None = None) -> None:
         super().__init__(optimizer=optimizer)
         self.name = name or type(self).name  # the protocol's algorithm name, in metrics
-        self.aggregate, self.dense = aggregate, dense
+        self.allreduce, self.compression = allreduce, compression
         self.feedback = ErrorFeedback(feedback)
         self.dense_steps = 0
         self.compressed_steps = 0
 
+    def compression_for(self, vector: torch.Tensor) -> Compression:
+        """The compression of ``vector`` (:attr:`compression`; a protocol may pick one by the vector's size)."""
+        return self.compression
+
     async def step(self, k: int, params: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
         if self.feedback.needs_start:
             self.dense_steps += 1
-            direction = self.feedback.start(grad, await self.dense(grad, k))
+            direction = self.feedback.start(grad, await self.allreduce(grad, k))
         else:
             self.compressed_steps += 1
-            local, mean = await self.aggregate(self.feedback.prepare(grad), k)
+            vector = self.feedback.prepare(grad)
+            local = torch.empty(vector.shape, dtype=torch.float32)
+            mean = await self.allreduce(vector, k, compression=self.compression_for(vector), local=local)
             direction = self.feedback.absorb(local, mean)
         return self.optimizer.update(params, direction, lr)
 
