@@ -21,7 +21,7 @@ from squall.protocols.dropcompute.abort import encode_notice
 from squall.protocols.moshpit import messages as moshpit
 from squall.protocols.moshpit.membership import Heartbeat
 from squall.protocols.swarm.frames import Frame, FrameKind, frame_bytes, to_message
-from squall.training.compress import SCHEMAS, DenseFloat32, LatticeCompressor
+from squall.training.compress import SCHEMAS, DenseFloat16, DenseFloat32, GroupQuant, LatticeCompressor, RandK, TopK
 from squall.training.compress.lattice import Encoded, encode
 from squall.wire import Message, MsgType, chunk_messages, encode_datagram, encode_message, pack_compressed
 
@@ -95,6 +95,8 @@ def compressed_seeds() -> list[bytes]:
     x = np.linspace(-1.0, 1.0, 9)
     payloads = [LatticeCompressor(bits=bits, eps=0.05).encode(x) for bits in (4, 8)]
     payloads += [DenseFloat32().encode(x.astype(np.float32)), DenseFloat32().encode(np.zeros(0, np.float32))]
+    payloads += [DenseFloat16().encode(x), TopK(k=3).encode(x), RandK(k=3, seed=5).encode(x)]
+    payloads += [GroupQuant(bits=bits, group=4).encode(x) for bits in (4, 8)]
     return [bytes([k]) + pack_compressed(p, SCHEMAS[p.compressor], limits=FUZZ_LIMITS)
             for k, p in enumerate(payloads)]
 

@@ -102,11 +102,13 @@ def moshpit_messages(data: bytes) -> None:
 
 
 def compressed(data: bytes) -> None:
-    """A compressed payload (``squall/wire/compressed.py``), then its compressor's decoder.
+    """A compressed payload (``squall/wire/compressed.py``), then its compressor's decoder, then what
+    the all-reduce does with a peer's payload (``squall/collectives/allgather.py``, ``requant.py``).
 
     The first byte, when the payload validates, picks a reference vector for decoders that need one
-    (zeros or a ramp), so a valid payload exercises ``decode`` too; what decodes is finite when the
-    compressor says it worked.
+    (zeros or a ramp), so a valid payload exercises ``decode`` too. A compressor an all-reduce takes
+    (no reference) then checks the payload against its own settings and adds it into a running sum,
+    as :func:`squall.collectives.allreduce` does with a peer's payload.
     """
     payload = unpack_compressed(data[1:], SCHEMAS, limits=FUZZ_LIMITS)
     compressor = COMPRESSORS[payload.compressor].for_payload(payload)
@@ -115,6 +117,11 @@ def compressed(data: bytes) -> None:
         reference = np.zeros(payload.numel) if data[0] % 2 == 0 else np.linspace(-1.0, 1.0, payload.numel)
     decoded = compressor.decode(payload, reference=reference)
     assert decoded.values.shape == (payload.numel,)
+    if reference is None:
+        assert compressor.mismatch(payload) is None  # made with the settings it carries
+        total = np.zeros(payload.numel, dtype=np.float32)
+        compressor.accumulate(payload, total)
+        assert np.array_equal(total, decoded.values, equal_nan=True)
 
 
 STRAGGLER_WORLD: Final = 8  # the receiving job's world size for the straggler protocols' checks
