@@ -427,15 +427,16 @@ def squall_run(request: pytest.FixtureRequest, squall_session: SquallSession) ->
 @pytest.fixture
 def squall_check(request: pytest.FixtureRequest) -> Callable[[Any], None]:
     """Name: squall_check. Scope: function. ``squall_check(verdict)``: record it, fail unless it passed."""
+    from squall.checks import Validity
+
     verdicts: list[Any] = request.node.stash.setdefault(_VERDICTS, [])
 
     def check(verdict: Any) -> None:
         verdicts.append(verdict)
         request.node.user_properties.append((f"squall_{verdict.check}_measured", str(verdict.measured)))
         request.node.user_properties.append((f"squall_{verdict.check}_expected", verdict.expected))
-        request.node.user_properties.append((f"squall_{verdict.check}_verdict",
-                                             {True: "pass", False: "fail", None: "unknown"}[verdict.passed]))
-        if verdict.passed is not True:
+        request.node.user_properties.append((f"squall_{verdict.check}_verdict", verdict.validity.value))
+        if verdict.validity is not Validity.PASS:  # unknown is not a pass
             pytest.fail(verdict.line(), pytrace=False)
 
     return check

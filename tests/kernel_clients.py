@@ -5,9 +5,10 @@ nodes' network namespaces (``nsenter --net``, the binaries of the machine that r
 user's first sanity check gives the answer the profile promises:
 
 * ``ping`` RTT = the sum of both directions' delays (plus the unshaped RTT measured beside it),
-  within ``max(0.5 ms, 5 %)``. The mean is taken without host stalls (samples more than
-  ``STALL_FLOOR_US`` from the median), as the calibration's delay check does; when more than
-  ``MAX_STALL_FRACTION`` of them are stalls the verdict is "unknown: host too busy".
+  within ``max(0.5 ms, 5 %)``. The mean is taken without host stalls (samples beyond the stall
+  policy's window of a link without jitter, :mod:`squall.calibration.stalls`), as the calibration's
+  delay check does; when more than a quiet host's probe share of them are stalls the verdict is
+  "unknown: host too busy".
 * ``iperf3`` TCP and UDP: the wire rate of what arrived (payload plus headers) within 7 % of the
   link's rate.
 
@@ -29,9 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from squall.calibration import stalls
 from squall.calibration.expected import FRAME_OVERHEAD_BYTES
-from squall.calibration.stats import without_stalls
-from squall.calibration.verdicts import MAX_STALL_FRACTION, STALL_FLOOR_US
+from squall.checks.verdict import Validity
 
 PING_ABS_US = 500.0  # RTT within max(0.5 ms, 5 %) of both directions' delays
 PING_REL = 0.05
@@ -49,7 +50,7 @@ class Row:
 
     link: tuple[int, int]  # (source, destination) node indices
     metric: str  # "ping_rtt", "iperf3_tcp", "iperf3_udp"
-    verdict: str  # "passed", "failed" or "unknown"
+    verdict: str  # a calibration row's word: passed, failed or unknown (Validity.past)
     why: str  # the figures behind the verdict
 
 
@@ -67,16 +68,18 @@ def judge_ping(link: tuple[int, int], rtts_us: list[float], expected_us: float, 
                *, sent: int) -> Row:
     """``ping``'s RTT against the sum of both directions' delays (``expected_us``) plus the unshaped RTT."""
     if len(rtts_us) < sent // 2:
-        return Row(link, "ping_rtt", "failed", f"{len(rtts_us)} of {sent} pings answered")
-    kept, stalls = without_stalls(rtts_us, STALL_FLOOR_US)
+        return Row(link, "ping_rtt", Validity.FAIL.past, f"{len(rtts_us)} of {sent} pings answered")
+    kept, stalled = stalls.policy().split(rtts_us, 0.0)
     want = expected_us + base_us
     tol = max(PING_ABS_US, PING_REL * expected_us)
-    told = (f"ping RTT mean {kept.mean / 1e3:.3f} ms without {stalls} host stalls (n={len(rtts_us)}), expected "
+    told = (f"ping RTT mean {kept.mean / 1e3:.3f} ms without {stalled} host stalls (n={len(rtts_us)}), expected "
             f"{expected_us / 1e3:.3f} ms of delays + {base_us / 1e3:.3f} ms unshaped = {want / 1e3:.3f} "
             f"+- {tol / 1e3:.3f} ms")
-    if stalls > MAX_STALL_FRACTION * len(rtts_us):
-        return Row(link, "ping_rtt", "unknown", f"host too busy: {told}")
-    return Row(link, "ping_rtt", "passed" if abs(kept.mean - want) <= tol else "failed", told)
+    # A quiet host's bound even where the policy in force was scaled to a noisier path: that scaling
+    # adds the tail of the path's one-way probe delays, which ping's round trips were never measured by.
+    if stalled > stalls.HOST.probe_share * len(rtts_us):
+        return Row(link, "ping_rtt", Validity.UNKNOWN.past, f"host {stalls.TOO_BUSY}: {told}")
+    return Row(link, "ping_rtt", Validity.of(abs(kept.mean - want) <= tol).past, told)
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,11 @@ def parse_iperf3(text: str) -> IperfResult:
 def judge_rate(link: tuple[int, int], metric: str, got: IperfResult, rate_bps: float) -> Row:
     """The wire rate iperf3's transfer took against the link's rate, within :data:`RATE_REL`."""
     if got.error:
-        return Row(link, metric, "failed", f"iperf3: {got.error}")
+        return Row(link, metric, Validity.FAIL.past, f"iperf3: {got.error}")
     told = (f"{metric} {got.wire_bps / 1e6:.2f} Mbit/s on the wire ({got.goodput_bps / 1e6:.2f} Mbit/s payload), "
             f"link rate {rate_bps / 1e6:g} Mbit/s +- {RATE_REL:.0%}")
     ok = abs(got.wire_bps - rate_bps) <= RATE_REL * rate_bps
-    return Row(link, metric, "passed" if ok else "failed", told)
+    return Row(link, metric, Validity.of(ok).past, told)
 
 
 # ----------------------------------------------------------------------------- running (root)

@@ -1,11 +1,13 @@
 """Timing measurements on a shared host: a measurement may be tried again when a host stall spoilt it.
 
-The host these tests run on is a small VM (2 cores here and in CI) that is now and then descheduled
-for tens of milliseconds (steal time): every packet in flight then arrives late and a TCP transfer
-loses a slice of its time, whatever the code under test does. :func:`retrying` runs a measurement
-together with its assertions up to :data:`ATTEMPTS` times and passes on the first clean attempt, so
-a stall does not fail the suite; code that shapes or times wrongly fails every attempt, and the
-failure then lists them all. Only measurements of time go through it, never functional checks.
+What a host stall is, and when it leaves a measurement unknown, is the stall policy's
+(:mod:`squall.calibration.stalls`); here it meets pytest. A stall delays every packet in flight and
+takes a slice of a TCP transfer's time, whatever the code under test does. :func:`retrying` runs a
+measurement together with its assertions up to :data:`ATTEMPTS` times and passes on the first clean
+attempt, so a stall does not fail the suite; code that shapes or times wrongly fails every attempt,
+and the failure then lists them all. Only measurements of time go through it, never functional
+checks. An outcome is a :class:`~squall.checks.verdict.Validity`: unknown because the host was too
+busy skips the test (nothing was judged), never passes it.
 """
 
 from __future__ import annotations
@@ -23,28 +25,34 @@ from typing import Any
 
 import pytest
 
+from squall.calibration import stalls
+from squall.checks.verdict import Validity, merge
+
 logger = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 
 
 class HostTooBusy(AssertionError):
-    """The host stalled so many packets that the measurement cannot say anything about the link
-    (the calibration verdicts' ``unknown: the host is too busy``): neither a pass nor a fail."""
+    """An assertion helper's :attr:`~squall.checks.verdict.Validity.UNKNOWN`: the host stalled so much that
+    the measurement cannot say anything about the link (a calibration row's "the host is too busy")."""
 
 
 CANARY_PRIORITY = 20  # SCHED_FIFO of the canary: above the delay daemon (10) and the probes (5)
 CANARY_SLEEP_S = 0.001
-CANARY_P99_US = 500.0  # the canary woke more than this late in 1 % of its sleeps: the host stalled as much
-#: as the delay checks' own tolerance (0.5 ms), so a failure beside it says nothing about the link
+
+
+def canary_bound_us() -> float:
+    """The canary's p99 lateness above which the host stalled (the stall policy in force)."""
+    return stalls.policy().canary_p99_us
 
 
 class StallCanary:
     """A real-time thread that sleeps 1 ms over and over and records how late it woke.
 
     Nothing in the code under test runs in it, so its lateness is the host's alone: a VM whose
-    vCPUs are descheduled (steal time) delays even SCHED_FIFO threads. A quiet host here wakes it
-    0.1 ms late at the median and ~0.5 ms at the 99th percentile.
+    vCPUs are descheduled (steal time) delays even SCHED_FIFO threads. Its bound is the stall
+    policy's (:func:`canary_bound_us`).
     """
 
     def __init__(self) -> None:
@@ -80,12 +88,12 @@ def retrying(measure: Callable[[], None], what: str, *, attempts: int = ATTEMPTS
     """Run ``measure`` (a measurement and its assertions) until one attempt passes, at most ``attempts``.
 
     A :class:`StallCanary` watches every attempt: an attempt that fails while the canary itself woke
-    late (p99 over :data:`CANARY_P99_US`) failed because the host stalled, and counts as
-    :class:`HostTooBusy`. When every attempt ended so, the test is skipped with the measured reason
-    (the host could not be measured: nothing was judged); any other failure among them fails it.
+    late (p99 over :func:`canary_bound_us`) failed because the host stalled, and counts as
+    :class:`HostTooBusy` (unknown). The attempts that did not pass merge by the one rule: any failed
+    fails the test; all unknown skip it with the measured reason (nothing was judged).
     """
     failures: list[str] = []
-    busy = 0
+    outcomes: list[Validity] = []
     for attempt in range(1, attempts + 1):
         canary = StallCanary()
         try:
@@ -93,23 +101,29 @@ def retrying(measure: Callable[[], None], what: str, *, attempts: int = ATTEMPTS
                 measure()
             return
         except AssertionError as exc:
-            stalled = canary.p99_us() > CANARY_P99_US
-            if stalled and not isinstance(exc, HostTooBusy):
+            bound = canary_bound_us()
+            if canary.p99_us() > bound and not isinstance(exc, HostTooBusy):
                 exc = HostTooBusy(f"{exc} [the host stalled: a real-time canary woke {canary.p99_us():.0f} us "
-                                  f"late at the 99th percentile, more than {CANARY_P99_US:.0f} us]")
-            busy += isinstance(exc, HostTooBusy)
+                                  f"late at the 99th percentile, more than {bound:.0f} us]")
+            outcomes.append(Validity.UNKNOWN if isinstance(exc, HostTooBusy) else Validity.FAIL)
             failures.append(f"attempt {attempt}: {exc}")
             logger.warning("%s: attempt %d of %d failed (host stall?): %s", what, attempt, attempts, exc)
-    if busy == attempts:
+    if merge(outcomes) is Validity.UNKNOWN:
         pytest.skip(f"{what}: the host was too busy to measure in {attempts} attempts:\n" + "\n".join(failures))
     pytest.fail(f"{what}: every attempt failed:\n" + "\n".join(failures))
+
+
+def _busy(row: Any) -> bool:
+    """A row (a calibration check, or one shaped like it) that is unknown because the host was too busy."""
+    return Validity.read(row.verdict) is Validity.UNKNOWN and stalls.TOO_BUSY in row.why
 
 
 def report_passed(report: Any) -> None:
     """Assert that a calibration report passed; when it failed only on checks the host was too busy to
     make (every other check passed), skip the test with the report instead (nothing was judged)."""
-    busy = [r for r in report.rows if r.verdict == "unknown" and "too busy" in r.why]
-    if busy and not report.passed() and all(r.verdict == "passed" for r in report.rows if r not in busy):
+    busy = [r for r in report.rows if _busy(r)]
+    rest = merge(Validity.read(r.verdict) for r in report.rows if r not in busy)
+    if busy and not report.passed() and rest is Validity.PASS:
         pytest.skip(f"the host was too busy to judge {len(busy)} checks (every other check passed):\n"
                     + report.format())
     assert report.passed(), report.format()
@@ -117,10 +131,10 @@ def report_passed(report: Any) -> None:
 
 def judged(row: Any) -> None:
     """Assert that a calibration check passed; a check the host was too busy to make skips the test with
-    its reason (``unknown`` for any other reason fails it, as ``failed`` does)."""
-    if row.verdict == "unknown" and "too busy" in row.why:
+    its reason (unknown for any other reason fails it, as failed does)."""
+    if _busy(row):
         pytest.skip(f"link {row.link[0]}->{row.link[1]} {row.metric}: {row.why}")
-    assert row.verdict == "passed", row.why
+    assert Validity.read(row.verdict) is Validity.PASS, row.why
 
 
 def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expected_us: float, what: str,
@@ -128,28 +142,21 @@ def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expect
     """The mean one-way delay without host stalls (as the calibration's delay check takes it) within
     ``tol_us`` of ``expected_us``; :class:`HostTooBusy` when stalls are too many to judge it.
 
-    ``sd_us``: the link's configured jitter (s.d.). As in the calibration, a stall is a delay more
-    than ``max(6 sd, 1 ms)`` from the median, and a link whose window is wider than the 1 ms floor
-    is judged only while few of its packets stall (the stalls inside its law stay in the mean):
-    with a 1 ms window for every link, a jittered link's own spread counted as host stalls and the
-    check could never be made (a 20 +- 5 ms uniform law has 80 % of its delays over 1 ms from the
-    median).
+    ``sd_us``: the link's configured jitter (s.d.). As in the calibration, a stall is a delay beyond
+    the stall policy's window for that jitter (:mod:`squall.calibration.stalls`), and a link whose
+    window is wider than the floor is judged only while few of its packets stall (the stalls inside
+    its law stay in the mean): with the floor's window for every link, a jittered link's own spread
+    would count as host stalls and the check could never be made (a 20 +- 5 ms uniform law has 80 %
+    of its delays over 1 ms from the median). Any other link is judged while the probe as a whole
+    can be used.
     """
-    from squall.calibration.expected import DelayModel
-    from squall.calibration.stats import without_stalls
-    from squall.calibration.verdicts import (
-        HIDDEN_STALL_FRACTION,
-        MAX_STALL_FRACTION,
-        STALL_FLOOR_US,
-        stall_half_width_us,
-    )
-
-    window = stall_half_width_us(DelayModel(expected_us, sd_us))
-    limit = HIDDEN_STALL_FRACTION if window > STALL_FLOOR_US else MAX_STALL_FRACTION
-    kept, stalls = without_stalls(samples, window)
+    policy = stalls.policy()
+    window = policy.window_us(sd_us)
+    limit = policy.hidden_share if window > policy.floor_us else policy.probe_share
+    kept, stalled = stalls.without_stalls(samples, window)
     told = (f"{what}: mean one-way {kept.mean:.0f} us, expected {expected_us:.0f} +- {tol_us:.0f} us "
-            f"(n={len(samples)}, {stalls} more than {window / 1e3:.1f} ms from the median left out as host stalls)")
-    if stalls > limit * len(samples):
+            f"(n={len(samples)}, {stalled} more than {window / 1e3:.1f} ms from the median left out as host stalls)")
+    if stalled > limit * len(samples):
         raise HostTooBusy(told)
     assert abs(kept.mean - expected_us) <= tol_us, told
 

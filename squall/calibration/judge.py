@@ -15,10 +15,10 @@ A link in ``state.blocked`` must lose everything, and gets only a ``loss`` row e
 from __future__ import annotations
 
 import functools
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from squall.calibration import stalls
 from squall.calibration.expected import (
     NORMAL_IQR_PER_SD,
     LossModel,
@@ -29,16 +29,14 @@ from squall.calibration.expected import (
     rtt_model,
 )
 from squall.calibration.observations import Link, RoundTrip, TransferObservation, UdpObservation
-from squall.calibration.stats import Moments, interquartile_range, pool, without_stalls
+from squall.calibration.stats import Moments, interquartile_range, pool
 from squall.calibration.verdicts import (
     LOSS_RESOLUTION,
-    STALL_FLOOR_US,
     Check,
     check_delay,
     check_jitter,
     check_loss,
     check_rate,
-    stall_half_width_us,
 )
 from squall.shaping.base import LinkState
 
@@ -52,15 +50,16 @@ class Baseline:
     rtt_mean_us: float  # pooled round trips
     rtt_sd_us: float  # their s.d.
     samples: int  # round trips behind it
-    stalled: float = 0.0  # the largest fraction of one link's legs more than 1 ms from their median
+    stalled: float = 0.0  # the largest share of one link's legs beyond the stall window of a link without jitter
 
     @classmethod
     def from_udp(cls, obs: UdpObservation | None) -> Baseline:
         """Pool every link and round trip of an unshaped probe (zeros when there is none).
 
-        Means and s.d.s leave out host stalls (samples more than 1 ms from the median), as the delay
-        check does in the shaped probe; the s.d. is estimated from the quartiles of what is left (as
-        normal noise) when raw samples are there, as the jitter check does. ``stalled`` says how much
+        Means and s.d.s leave out host stalls (samples beyond the stall window of a link without
+        jitter, :mod:`squall.calibration.stalls`), as the delay check does in the shaped probe; the
+        s.d. is estimated from the quartiles of what is left (as normal noise) when raw samples are
+        there, as the jitter check does. ``stalled`` says how much
         was left out on the worst link: a baseline that the host stalled as much as a shaped probe
         that could not be judged cannot correct one either (the judge then answers unknown).
         """
@@ -72,7 +71,8 @@ class Baseline:
         trip_samples = [v for t in obs.round_trips.values() for v in t.rtt_samples]
         leg_sd = _robust_sd(leg_samples, legs)
         trip_sd = _robust_sd(trip_samples, trips)
-        stalled = max((without_stalls(o.one_way_samples, STALL_FLOOR_US)[1] / len(o.one_way_samples)
+        policy = stalls.policy()
+        stalled = max((policy.split(o.one_way_samples, 0.0)[1] / len(o.one_way_samples)
                        for o in obs.links.values() if o.one_way_samples and obs.shared_clock), default=0.0)
         return cls(_mean(leg_samples, legs), leg_sd, _mean(trip_samples, trips), trip_sd, trips.count if trips else 0,
                    stalled)
@@ -87,15 +87,14 @@ class Baseline:
 def _mean(samples: list[float], fallback: Moments | None) -> float:
     """The mean without host stalls (as the delay check takes it), from raw samples when there are some."""
     if samples:
-        return without_stalls(samples, STALL_FLOOR_US)[0].mean
+        return stalls.policy().split(samples, 0.0)[0].mean
     return fallback.mean if fallback else 0.0
 
 
 def _robust_sd(samples: list[float], fallback: Moments | None) -> float:
-    """The s.d. as normal noise from the quartiles of the samples within 1 ms of their median."""
+    """The s.d. as normal noise from the quartiles of the samples inside the stall window (no jitter)."""
     if len(samples) >= 2:
-        median = statistics.median(samples)
-        kept = [v for v in samples if abs(v - median) <= STALL_FLOOR_US]
+        kept = stalls.within(samples, stalls.policy().window_us(0.0))
         return interquartile_range(kept) / NORMAL_IQR_PER_SD if len(kept) >= 2 else 0.0
     return fallback.sd if fallback else 0.0
 
@@ -172,13 +171,14 @@ def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState
 
 
 def stalled_fraction(state: LinkState, udp: UdpObservation) -> float:
-    """The largest fraction of one link's delay samples that the delay and jitter checks leave out as
-    host stalls (0 without raw samples); above ``JITTER_STALL_FRACTION`` those checks are unknown."""
+    """The largest share of one link's delay samples that the delay and jitter checks leave out as
+    host stalls (0 without raw samples); above the stall policy's limit those checks are unknown."""
+    policy = stalls.policy()
     worst = 0.0
     for link, seen in udp.links.items():
         samples = seen.one_way_samples
         if samples and link in state.links and udp.shared_clock:
             model = delay_model(state.links[link])
             if not model.heavy_tailed:
-                worst = max(worst, without_stalls(samples, stall_half_width_us(model))[1] / len(samples))
+                worst = max(worst, policy.split(samples, model.sd_us)[1] / len(samples))
     return worst

@@ -10,7 +10,8 @@ from typing import Any
 
 from squall.calibration.judge import Baseline
 from squall.calibration.plan import ProbePlan
-from squall.calibration.verdicts import CalibrationOutcome, Check, overall
+from squall.calibration.verdicts import HOST_LIMITED, WORDS, Check, outcome
+from squall.checks.verdict import Validity
 
 
 @dataclass(frozen=True)
@@ -30,28 +31,31 @@ class CalibrationReport:
     duration_s: float = 0.0  # wall time of the whole calibration
 
     @property
-    def verdict(self) -> CalibrationOutcome:
-        """Failed if any row failed or the run had errors; else unknown, host-limited or passed."""
-        return CalibrationOutcome.FAILED if self.errors else overall(self.rows)
+    def verdict(self) -> str:
+        """``failed`` if any row failed or the run had errors; else ``unknown``, ``host-limited`` (every
+        unknown row is) or ``passed``: the rows merged by the one rule (:func:`~squall.checks.verdict.merge`)."""
+        return Validity.FAIL.past if self.errors else outcome(self.rows)
+
+    @property
+    def validity(self) -> Validity:
+        """The calibration's validity: :attr:`verdict` without the host-limited word (which is unknown)."""
+        return Validity.read(self.verdict)
 
     def passed(self, *, allow_host_limited: bool = False) -> bool:
         """Every row passed (or, when allowed, could not be verified because of the host's limits)."""
-        ok = {CalibrationOutcome.PASSED}
-        if allow_host_limited:
-            ok.add(CalibrationOutcome.HOST_LIMITED)
-        return self.verdict in ok
+        return self.validity is Validity.PASS or (allow_host_limited and self.verdict == HOST_LIMITED)
 
     def counts(self) -> dict[str, int]:
-        """Rows per verdict."""
+        """Rows per word."""
         found = Counter(r.verdict for r in self.rows)
-        return {v.value: found.get(v, 0) for v in CalibrationOutcome}
+        return {word: found.get(word, 0) for word in WORDS}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
         plan = self.plan
         return {
             "profile": self.profile, "workers": self.workers, "backend": self.backend, "at_s": self.at_s,
-            "quick": self.quick, "verdict": self.verdict.value, "counts": self.counts(),
+            "quick": self.quick, "verdict": self.verdict, "counts": self.counts(),
             "duration_s": round(self.duration_s, 3), "baseline": self.baseline.to_dict(),
             "plan": {"links": [list(link) for link in plan.links], "udp_count": plan.udp_count,
                      "udp_rate_pps": plan.udp_rate_pps, "udp_wait_s": plan.udp_wait_s,
@@ -69,7 +73,7 @@ class CalibrationReport:
         """A human-readable table with one line per check."""
         b = self.baseline
         head = [f"calibration of {self.profile} on {self.workers} workers, backend {self.backend}"
-                f"{' (quick)' if self.quick else ''}: {self.verdict.value.upper()} in {self.duration_s:.1f} s",
+                f"{' (quick)' if self.quick else ''}: {self.verdict.upper()} in {self.duration_s:.1f} s",
                 f"baseline (unshaped probe): one way {b.one_way_mean_us / 1e3:.3f} ms (s.d. "
                 f"{b.one_way_sd_us / 1e3:.3f}), round trip {b.rtt_mean_us / 1e3:.3f} ms (s.d. {b.rtt_sd_us / 1e3:.3f})",
                 f"probes: {self.plan.udp_count} UDP per link at {self.plan.udp_rate_pps:g}/s, "
@@ -78,11 +82,11 @@ class CalibrationReport:
         for r in self.rows:
             table.append([f"{r.link[0]}->{r.link[1]}", r.metric, _num(r.configured, r.unit), _num(r.measured, r.unit),
                           _range(r),
-                          r.verdict.value, r.why])
+                          r.verdict, r.why])
         tail = [""] + [f"error: {e}" for e in self.errors] + [f"note: {n}" for n in self.notes]
         counts = ", ".join(f"{n} {v}" for v, n in self.counts().items() if n)
         tail.append(f"{len(self.rows)} checks: {counts or 'none'}")
-        if self.counts()[CalibrationOutcome.HOST_LIMITED.value]:
+        if self.counts()[HOST_LIMITED]:
             tail.append("host-limited checks were NOT verified: this host cannot carry those rates through the "
                         f"{self.backend} path")
         return "\n".join([*head, _table(table), *tail])

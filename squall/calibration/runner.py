@@ -30,13 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from squall import shaping
+from squall.calibration import stalls
 from squall.calibration.expected import link_rate_bps, wire_bps
 from squall.calibration.judge import Baseline, Evidence, judge, stalled_fraction
 from squall.calibration.observations import Link, TransferObservation, UdpObservation, better
 from squall.calibration.plan import ProbePlan, TransferPlan, plan_probes, reschedule
 from squall.calibration.probing import run_tcp, run_tcp_rtt, run_udp
 from squall.calibration.report import CalibrationReport
-from squall.calibration.verdicts import JITTER_STALL_FRACTION, RATE_REL
+from squall.calibration.verdicts import RATE_REL
 from squall.cluster import Cluster, ClusterSpec
 from squall.cluster.backend import ClusterBackend
 from squall.profiles import Profile, load_profile
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MEMORY = "256m"  # per container: the probes need a few MB, no torch is loaded
-STALL_TRIES = 3  # shaped UDP probes at most, while the host stalls too many packets to judge a delay
 NO_RATE = frozenset({"rate_bps", "limit_packets"})  # :func:`unlimited` drops the rate and the buffer before it
 
 
@@ -111,9 +111,8 @@ class _Run:
         self.notes: list[str] = []
 
     def baseline(self) -> Baseline:
-        """The unshaped probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled more
-        than :data:`JITTER_STALL_FRACTION` of some link's packets, keeping the least stalled (every delay
-        and s.d. is corrected by it, so a stalled baseline would spoil every row)."""
+        """The unshaped probe, tried again by the stall policy (:meth:`_least_stalled`): every delay and s.d.
+        is corrected by it, so a stalled baseline would spoil every row."""
 
         def probe() -> tuple[Baseline, float]:
             obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
@@ -125,9 +124,8 @@ class _Run:
         return self._least_stalled(probe, "baseline probe")
 
     def _udp_judgeable(self) -> UdpObservation:
-        """The shaped UDP probe; probed again (up to :data:`STALL_TRIES` in all) while the host stalled
-        too many packets of some link to judge its delay and jitter (a busy moment passes; a wrong link does
-        not turn into stalls), keeping the probe with the fewest."""
+        """The shaped UDP probe, tried again by the stall policy (:meth:`_least_stalled`) while the host
+        stalled too many packets of some link to judge its delay and jitter."""
 
         def probe() -> tuple[UdpObservation, float]:
             udp, _ = run_udp(self.cluster, self.plan.links, count=self.plan.udp_count,
@@ -137,20 +135,22 @@ class _Run:
         return self._least_stalled(probe, "UDP probe")
 
     def _least_stalled(self, probe: Callable[[], tuple[T, float]], what: str) -> T:
-        """``probe()`` (a result and the largest fraction of one link's packets the host stalled) up to
-        :data:`STALL_TRIES` times, until the fraction is at most :data:`JITTER_STALL_FRACTION`; the least
-        stalled result, with a note for each probe that was too stalled."""
+        """``probe()`` (a result and the largest share of one link's packets the host stalled) up to the
+        stall policy's ``tries``, until the share is at most its ``retry_share``
+        (:mod:`squall.calibration.stalls`); the least stalled result, with a note for each probe that
+        was too stalled."""
+        policy = stalls.policy()
         best: T | None = None
         best_stalled = math.inf
-        for attempt in range(1, STALL_TRIES + 1):
+        for attempt in range(1, policy.tries + 1):
             result, stalled = probe()
             if stalled < best_stalled:
                 best, best_stalled = result, stalled
-            if stalled <= JITTER_STALL_FRACTION:
+            if stalled <= policy.retry_share:
                 break
             self.notes.append(f"{what} {attempt}: the host stalled {100 * stalled:.1f} % of one link's packets "
-                              f"(more than {100 * JITTER_STALL_FRACTION:g} %)" +
-                              ("; probing again" if attempt < STALL_TRIES else ""))
+                              f"(more than {100 * policy.retry_share:g} %)" +
+                              ("; probing again" if attempt < policy.tries else ""))
         assert best is not None
         return best
 

@@ -72,21 +72,6 @@ def pool(parts: Iterable[Moments | None]) -> Moments | None:
     return Moments(total, mean, math.sqrt(ss / (total - 1)) if total > 1 else 0.0)
 
 
-def without_stalls(samples: Sequence[float], half_width: float) -> tuple[Moments, int]:
-    """Moments of the samples within ``half_width`` of their median, and how many were left out.
-
-    Used for the s.d. of delays: a busy host stalls a probe (or the shaping daemon) now and then
-    for milliseconds, a heavy tail that dominates a sample s.d. but says nothing about the link's
-    jitter law. The caller chooses ``half_width`` so wide that the configured law itself puts
-    (almost) nothing outside it.
-    """
-    if not samples:
-        return Moments(0, math.nan, math.nan), 0
-    median = statistics.median(samples)
-    kept = [v for v in samples if abs(v - median) <= half_width]
-    return Moments.of(kept), len(samples) - len(kept)
-
-
 def interquartile_range(samples: Sequence[float]) -> float:
     """Q3 - Q1 of the samples (NaN for fewer than two)."""
     if len(samples) < 2:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from squall.assets import AssetError, claims_file
-from squall.checks import Target, Verdict
+from squall.checks import Target, crashed
 from squall.claims.kinds import COMMON, KINDS, RUN_FIELDS, STANDARD, Claim, ClaimError, ClaimKind, Runner
 from squall.report.page import ClaimResult
 
@@ -119,5 +119,5 @@ def evaluate(claim: Claim, run: Runner) -> ClaimResult:
         verdict = kind.evaluate(claim, run)
     except Exception as exc:
         logger.exception("claim %s crashed", claim.id)
-        verdict = Verdict(claim.check, None, None, "a decision", f"the claim crashed: {type(exc).__name__}: {exc}")
+        verdict = crashed(claim.check, exc, what="claim")
     return ClaimResult(claim.id, claim.paper, claim.claim, claim.paper_figure, claim.our_setting, verdict)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.assets import matrices_dir
-from squall.checks import Target, Verdict, converged
+from squall.checks import Target, Validity, Verdict, converged, fidelity_by_profile, merge
 from squall.cluster import Cluster
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec
@@ -36,7 +36,7 @@ from squall.experiment.runner import stderr_progress, target_of
 from squall.protocols.catalog import PROTOCOLS
 from squall.report import provenance
 from squall.report.compare import Comparison, cell_figures, compare, megabytes
-from squall.report.network import describe_profiles, fidelity_by_profile
+from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, write_report
 from squall.trace import RunTrace
 
@@ -63,7 +63,7 @@ def run_cells(lab: Lab, matrix: Matrix, run: dict[str, Any], target: Target | No
             cells.append(CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),)))
             continue
         verdicts = (converged(trace, target),) if target else ()
-        state = "PASS" if all(v.passed for v in verdicts) else "FAIL"
+        state = "PASS" if merge(v.validity for v in verdicts) is Validity.PASS else "FAIL"
         progress(f"[{k}/{len(todo)}] {cell_id}: {state} in {time.monotonic() - t:.1f} s")
         cells.append(CellResult(cell_id, trace, verdicts))
     return cells
@@ -125,7 +125,7 @@ def run_demo(*, workers: int = 4, as_json: bool = False, report: Path = Path("re
     results = Results(title="Squall demo", cells=tuple(cells), calibration=tuple(fidelity.rows), meta=meta)
     _, page = write_report(results, report)
     comparison = compare([cell_figures(c.trace, target) for c in cells if c.trace.records])
-    reached = all(v.passed for c in cells for v in c.verdicts)
+    reached = merge(v.validity for c in cells for v in c.verdicts) is Validity.PASS
     if as_json:
         rows = [{"protocol": p, "profile": q, "seconds_to_target": comparison.seconds.get((p, q)),
                  "ratio_to_best": comparison.ratio(p, q), "bytes_to_target": comparison.bytes.get((p, q))}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.assets import find_matrix
-from squall.checks import Target, converged, run_time_to_target
+from squall.checks import Target, Validity, converged, merge, run_time_to_target
 from squall.claims.registry import load_claims
 from squall.cluster.spec import ENGINES, select_engine
 from squall.experiment.fidelity import SessionCalibration
@@ -88,7 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if verdict:
             sys.stdout.write(verdict.line() + "\n")
         sys.stdout.write(f"report: {page}\n")
-    return 0 if verdict is None or verdict.passed else 1
+    return 0 if verdict is None or verdict.validity is Validity.PASS else 1
 
 
 def run_summary(trace: RunTrace, target: Target | None) -> dict[str, Any]:
@@ -166,16 +166,15 @@ def matrix_exit_code(cells: Sequence[CellResult], claims: Sequence[ClaimResult],
     A claim with ``gate: false`` is measured and reported (its verdict is in the summary and the
     report) but does not fail the run: the registry says why it cannot gate.
     """
-    states = [v.passed for c in cells for v in c.verdicts]
-    states += [c.verdict.passed for c in claims if gates.get(c.claim_id, True)]
-    return 0 if all(s is True for s in states) else 1
+    gating = [v for c in cells for v in c.verdicts] + [c.verdict for c in claims if gates.get(c.claim_id, True)]
+    return 0 if merge(v.validity for v in gating) is Validity.PASS else 1
 
 
 def _summary(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> None:
     width = max([len(c.cell_id) for c in cells] + [4])
     for c in cells:
-        states = [v.passed for v in c.verdicts]
-        state = "FAIL" if False in states else "UNKNOWN" if None in states else "pass"
+        validity = merge(v.validity for v in c.verdicts)
+        state = "pass" if validity is Validity.PASS else validity.value.upper()
         sys.stdout.write(f"{c.cell_id:<{width}}  {state:<7}  {c.trace.duration:6.1f} s  "
                          + "; ".join(f"{v.check}={v.measured}" for v in c.verdicts) + "\n")
     for claim in claims:

@@ -1,11 +1,12 @@
-"""Was the emulation faithful? A quick calibration of each profile a session uses, once per profile.
+"""Measuring fidelity: a quick calibration of each profile a session uses, once per profile.
 
-``squall matrix``, the pytest plugin and the demo call :meth:`SessionCalibration.ensure` before a
-profile's first cell: it measures two disjoint links of that profile on the cell's own cluster (with
-the lab's shaper, cleared before and after, so no second shaper ever touches the containers) and
-keeps the rows for the report, which flags every cell run on a profile whose calibration failed
-(:func:`squall.report.network.fidelity_by_profile`). A calibration that cannot run is a row that
-says why, never an exception that stops the session: the cells still run, flagged as unverified.
+``squall matrix``, ``squall run``, the pytest plugin and the demo call
+:meth:`SessionCalibration.ensure` before a profile's first cell: it measures two disjoint links of
+that profile on the cell's own cluster (with the lab's shaper, cleared before and after, so no
+second shaper ever touches the containers) and keeps the rows for the report. What the rows mean,
+a profile's fidelity, is :mod:`squall.checks.fidelity`'s; the report flags every cell run on a
+profile whose fidelity failed. A calibration that cannot run is a failed row that says why, never
+an exception that stops the session: the cells still run, flagged.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from squall.report.network import FAILED, calibration_rows
+from squall.checks.fidelity import calibration_rows, failed_row
+from squall.checks.verdict import Validity
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ class SessionCalibration:
         self.enabled = enabled
         self.progress = progress
         self.rows: list[dict[str, Any]] = []
-        self.verdicts: dict[str, str] = {}  # profile -> "faithful", "failed", ... (what the rows add up to)
+        self.verdicts: dict[str, str] = {}  # profile -> its calibration's word: passed, failed, unknown, host-limited
         self.failures: dict[str, list[str]] = {}  # profile -> why each of its failed checks failed
 
     def ensure(self, profile: str, cluster: Any, workers: int, *, shaper: Any = None) -> None:
@@ -57,16 +59,16 @@ class SessionCalibration:
                                pairs=list(links_for(workers)))
         except Exception as exc:  # the page says the calibration could not run; the session goes on
             logger.warning("calibration of %s could not run: %s", profile, exc)
-            self.rows.append({"profile": profile, "backend": "-", "link": "all", "quantity": "calibration",
-                              "configured": "-", "measured": "-", "tolerance": "-", "verdict": FAILED,
-                              "why": f"the calibration could not run: {exc}"})
-            self.verdicts[profile] = FAILED
+            row = failed_row(profile, f"the calibration could not run: {exc}")
+            self.rows.append(row)
+            self.verdicts[profile] = row["verdict"]
             self.failures[profile] = [f"the calibration could not run: {exc}"]
             self.progress(f"calibration {profile}: could not run ({exc})")
             return
         rows = calibration_rows(report.to_dict())
         self.rows += rows
-        self.failures[profile] = [f"{r['link']} {r['quantity']}: {r['why']}" for r in rows if r["verdict"] == FAILED]
-        self.verdicts[profile] = report.verdict.value
+        self.failures[profile] = [f"{r['link']} {r['quantity']}: {r['why']}" for r in rows
+                                  if Validity.read(r["verdict"]) is Validity.FAIL]
+        self.verdicts[profile] = report.verdict
         counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
-        self.progress(f"calibration {profile}: {report.verdict.value} in {time.monotonic() - t:.1f} s ({counts})")
+        self.progress(f"calibration {profile}: {report.verdict} in {time.monotonic() - t:.1f} s ({counts})")

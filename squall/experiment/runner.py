@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from squall.checks import Target, Verdict, converged
+from squall.checks import Target, Validity, Verdict, converged, merge
 from squall.claims.registry import Claim, evaluate
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec, code_dir_of
@@ -151,7 +151,7 @@ def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | N
         empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
         return CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),))
     verdicts = (converged(trace, target),) if target else ()
-    state = "PASS" if all(v.passed for v in verdicts) else "FAIL"
+    state = "PASS" if merge(v.validity for v in verdicts) is Validity.PASS else "FAIL"
     progress(f"{tag}: {state} in {time.monotonic() - t:.1f} s "
              + "; ".join(v.line() for v in verdicts))
     return CellResult(cell_id, trace, verdicts)

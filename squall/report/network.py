@@ -1,20 +1,16 @@
-"""The report's first two questions: what network did the runs see, and was its emulation faithful?
+"""The report's first question: what network did the runs see?
 
-*What network*: per profile its description, the file it came from and a table of its links
-(directed links with the same settings share a row), as plain data. :func:`describe_profiles`
-reads the profiles when the results are made, so a report rebuilt elsewhere (``squall report``)
-still shows them; :func:`profile_sections` falls back to loading a profile it was not given.
-
-*Was it faithful*: calibration rows (plain data, one per quantity per link, with the ``profile``
-they measured) are matched to the cells run on the same profile. A cell whose profile has a
-failed calibration row is flagged; one whose profile was never calibrated says so.
+Per profile its description, the file it came from and a table of its links (directed links with
+the same settings share a row), as plain data. :func:`describe_profiles` reads the profiles when
+the results are made, so a report rebuilt elsewhere (``squall report``) still shows them;
+:func:`profile_sections` falls back to loading a profile it was not given. The second question,
+was its emulation faithful, is answered by :mod:`squall.checks.fidelity`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from squall.profiles import LinkSpec, Profile, ProfileError, load_profile
@@ -23,9 +19,6 @@ from squall.profiles.units import format_duration_us, format_probability, format
 logger = logging.getLogger(__name__)
 
 LINK_HEAD = ["links", "delay", "jitter", "loss", "duplicate", "reorder", "rate", "queue"]
-
-FAILED = "failed"  # CalibrationOutcome.FAILED's value
-PASSED = "passed"  # CalibrationOutcome.PASSED's value
 
 
 # -- what network ----------------------------------------------------------------------------------
@@ -102,79 +95,3 @@ def profile_sections(cells: Sequence[tuple[str, int]], given: Mapping[str, Any])
     missing = [(p, w) for p, w in cells if p not in known]
     loaded = describe_profiles(missing) if missing else {}
     return [dict(known.get(name) or loaded[name]) for name in sorted({p for p, _ in cells})]
-
-
-# -- was it faithful -------------------------------------------------------------------------------
-def calibration_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``Results.calibration`` rows from a calibration's plain data (``CalibrationReport.to_dict()``).
-
-    Each row keeps the profile, backend and link it measured so it can be matched to cells."""
-    rows = []
-    for r in report.get("rows", []):
-        low, high, unit = r.get("low"), r.get("high"), r.get("unit", "")
-        link = r.get("link") or ["?", "?"]
-        rows.append({
-            "profile": report.get("profile", "?"), "backend": report.get("backend", "?"),
-            "link": f"{link[0]}->{link[1]}", "quantity": r.get("metric", "?"),
-            "configured": _amount(r.get("configured"), unit), "measured": _amount(r.get("measured"), unit),
-            "tolerance": "-" if low is None or high is None else f"{_amount(low, '')}..{_amount(high, unit)}",
-            "verdict": r.get("verdict", "unknown"), "why": r.get("why", ""),
-        })
-    for error in report.get("errors", []):
-        rows.append({"profile": report.get("profile", "?"), "backend": report.get("backend", "?"), "link": "all",
-                     "quantity": "shaper", "configured": "-", "measured": "-", "tolerance": "-",
-                     "verdict": FAILED, "why": str(error)})
-    return rows
-
-
-def _amount(value: object, unit: str) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int | float):
-        digits = 3 if unit in ("ms", "%") else 1
-        return f"{value:.{digits}f}" + (f" {unit}" if unit else "")
-    return str(value)
-
-
-@dataclass(frozen=True)
-class Fidelity:
-    """How well one profile's links matched it, from its calibration rows."""
-
-    profile: str  # profile name
-    checked: int  # calibration rows for it
-    failed: tuple[str, ...]  # "0->1 delay: configured 50.000 ms, measured 61.2 ms" for each failed row
-    unknown: int  # rows that could not decide
-    backends: tuple[str, ...]  # shaping backends calibrated
-
-    @property
-    def state(self) -> str:
-        """``not calibrated``, ``failed``, ``unverified`` (only unknown/host-limited) or ``faithful``."""
-        if not self.checked:
-            return "not calibrated"
-        if self.failed:
-            return FAILED
-        return "faithful" if self.unknown == 0 else "partly verified"
-
-    def line(self) -> str:
-        """One sentence for a cell's flag."""
-        if not self.checked:
-            return f"{self.profile} was not calibrated in this run: its emulation is unverified"
-        if self.failed:
-            return (f"{len(self.failed)} of {self.checked} calibration checks of {self.profile} failed: "
-                    + "; ".join(self.failed))
-        extra = f" ({self.unknown} could not decide)" if self.unknown else ""
-        return f"{self.checked - self.unknown} of {self.checked} calibration checks of {self.profile} passed{extra}"
-
-
-def fidelity(profile: str, calibration: Iterable[Mapping[str, Any]]) -> Fidelity:
-    """The :class:`Fidelity` of ``profile`` from every calibration row (rows of other profiles ignored)."""
-    rows = [r for r in calibration if r.get("profile") == profile]
-    failed = tuple(f"{r.get('link')} {r.get('quantity')}: configured {r.get('configured')}, measured "
-                   f"{r.get('measured')}" for r in rows if r.get("verdict") == FAILED)
-    unknown = sum(1 for r in rows if r.get("verdict") not in (FAILED, PASSED))
-    return Fidelity(profile, len(rows), failed, unknown, tuple(sorted({str(r.get("backend", "?")) for r in rows})))
-
-
-def fidelity_by_profile(profiles: Iterable[str], calibration: Sequence[Mapping[str, Any]]) -> dict[str, Fidelity]:
-    """:func:`fidelity` of each profile."""
-    return {p: fidelity(p, calibration) for p in sorted(set(profiles))}

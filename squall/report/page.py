@@ -2,32 +2,24 @@
 
 Inputs are plain data (``results.json`` written by the plugin or ``squall matrix``): cells (a trace
 and the verdicts of its checks), claims (paper figure, our figure, verdict) and calibration rows.
-``squall report DIR`` rebuilds the pages from that file at any time. Plots are PNGs embedded in
-the HTML as data URIs, so the page is one file that can be attached to a CI run.
+``squall report DIR`` rebuilds the pages from that file at any time. This module lays the pages
+out; the plots are :mod:`squall.report.plots`' PNGs, embedded in the HTML as data URIs, so the
+page is one file that can be attached to a CI run. A cell's verdict is its checks merged by the one
+rule (:func:`squall.checks.merge`), a profile's fidelity :mod:`squall.checks.fidelity`'s.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import logging
-import math
-import statistics
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from squall.checks import Target, Verdict, drift_series
-from squall.checks.drift import owner_drift_series
+from squall.checks import Target, Validity, Verdict, merge
+from squall.checks.fidelity import Fidelity, fidelity_by_profile
 from squall.checks.verdict import figure
 from squall.report.compare import (
     COMPARE_HEAD,
@@ -40,15 +32,24 @@ from squall.report.compare import (
     stats_tables,
     target_from,
 )
-from squall.report.network import LINK_HEAD, Fidelity, fidelity_by_profile, profile_sections
-from squall.report.plots import plot_bytes_to_target, plot_heatmap, plot_loss_vs_bytes
+from squall.report.network import LINK_HEAD, profile_sections
+from squall.report.plots import (
+    plot_bytes_to_target,
+    plot_claims,
+    plot_drift,
+    plot_heatmap,
+    plot_loss,
+    plot_loss_vs_bytes,
+    plot_owner_drift,
+)
 from squall.report.reproduce import matrix_text, reproduce_rows
 from squall.trace import RunTrace, trace_from_json, trace_to_json
 
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
-STATE = {True: "pass", False: "FAIL", None: "unknown"}
+#: A validity's word in the report's tables.
+STATE = {Validity.PASS: "pass", Validity.FAIL: "FAIL", Validity.UNKNOWN: "unknown"}
 
 
 @dataclass(frozen=True)
@@ -126,134 +127,9 @@ def load_results(directory: Path) -> Results:
     return results_from_json(json.loads((directory / RESULTS_FILE).read_text()))
 
 
-# -- plots --------------------------------------------------------------------------------------
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float]]:
-    """Median over workers of ``metric`` per step, against the median time of that step."""
-    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for r in trace.records:
-        value = getattr(r, metric)
-        if value is not None:
-            by_step[r.step].append((r.t, value))
-    steps = sorted(by_step)
-    return ([statistics.median(t for t, _ in by_step[s]) for s in steps],
-            [statistics.median(v for _, v in by_step[s]) for s in steps])
-
-
-def _grid(panels: int) -> tuple[Any, list[Any]]:
-    """A figure with one panel per profile, at most 3 across."""
-    cols = min(3, panels)
-    rows = math.ceil(panels / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[panels:]:
-        ax.set_visible(False)
-    return fig, flat[:panels]
-
-
-def plot_loss(cells: Sequence[CellResult], metric: str = "loss") -> str | None:
-    """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each)."""
-    profiles = sorted({c.trace.profile for c in cells})
-    if not profiles:
-        return None
-    fig, axes = _grid(len(profiles))
-    seed = min(c.trace.seed for c in cells)
-    for ax, profile in zip(axes, profiles, strict=True):
-        for c in cells:
-            if c.trace.profile == profile and c.trace.seed == seed:
-                t, v = _median_curve(c.trace, metric)
-                if t:
-                    ax.plot(t, v, label=f"{c.trace.protocol} (w{c.trace.workers})")
-        ax.set_title(profile)
-        ax.set_xlabel("wall time since training started (s)")
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def plot_speedups(claims: Sequence[ClaimResult]) -> str | None:
-    """Measured figure vs threshold for every claim with a numeric measurement."""
-    rows = [(c.claim_id, float(c.verdict.measured), c.verdict.passed) for c in claims
-            if isinstance(c.verdict.measured, int | float)]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
-    colors = {True: "#2e7d32", False: "#c62828", None: "#9e9e9e"}
-    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=[colors[r[2]] for r in rows])
-    ax.set_xlabel("measured (see the claims table for each threshold)")
-    ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
-
-
-def plot_drift(cells: Sequence[CellResult]) -> str | None:
-    """Max pairwise parameter distance over time per profile, churn events as vertical lines."""
-    series = [(c, drift_series(c.trace)) for c in cells]
-    series = [(c, s) for c, s in series if s]
-    if not series:
-        return None
-    profiles = sorted({c.trace.profile for c, _ in series})
-    fig, axes = _grid(len(profiles))
-    floor = 1e-12  # identical parameters: drawn at the floor of the log axis
-    for ax, profile in zip(axes, profiles, strict=True):
-        marks: dict[tuple[float, str], None] = {}
-        for c, s in series:
-            if c.trace.profile == profile:
-                label = f"{c.trace.protocol} (w{c.trace.workers})"
-                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=label)
-                marks.update({(m.t, m.kind): None for m in c.trace.churn})
-        for t, kind in marks:
-            ax.axvline(t, color="#c62828", alpha=0.35, linestyle="--")
-            ax.text(t, 0.98, f" {kind}", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90, va="top")
-        ax.set_title(profile)
-        ax.set_xlabel("wall time since training started (s)")
-        ax.set_ylabel("max pairwise distance")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def plot_owner_drift(cells: Sequence[CellResult]) -> str | None:
-    """Mean drift from the owners against the iteration, one panel per profile (protocols whose owners record it,
-    e.g. training under packet loss, with their no-resync control beside them); None when no cell has it."""
-    series = [(c, owner_drift_series(c.trace)) for c in cells]
-    series = [(c, s) for c, s in series if s]
-    if not series:
-        return None
-    profiles = sorted({c.trace.profile for c, _ in series})
-    fig, axes = _grid(len(profiles))
-    floor = 1e-12  # zero drift (no loss yet): drawn at the floor of the log axis
-    for ax, profile in zip(axes, profiles, strict=True):
-        for c, s in series:
-            if c.trace.profile == profile:
-                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=f"{c.trace.protocol} (s{c.trace.seed})")
-        ax.set_title(profile)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel("mean ||x_i - x_owner||^2")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return _png(fig)
-
-
 # -- pages --------------------------------------------------------------------------------------
 #: Keys of ``Results.meta`` that have sections of their own (not listed in the page's header).
 STRUCTURED_META = frozenset({"provenance", "profiles", "run", "target"})
-
-
-def verdict_line(v: Verdict) -> str:
-    """``PASS converged: measured 1.2, expected accuracy >= 0.9: why`` with the figure in words."""
-    return f"{STATE[v.passed].upper()} {v.check}: measured {figure(v.measured)}, expected {v.expected}: {v.why}"
 
 
 @dataclass(frozen=True)
@@ -283,15 +159,15 @@ def _view(results: Results) -> _View:
                  tuple(profile_sections(used, given if isinstance(given, Mapping) else {})))
 
 
-def _overall(c: CellResult) -> bool | None:
-    states = [v.passed for v in c.verdicts]
-    return False if False in states else None if None in states else True
+def cell_validity(c: CellResult) -> Validity:
+    """A cell's checks merged by the one rule (a cell without checks passes: nothing was asked of it)."""
+    return merge(v.validity for v in c.verdicts)
 
 
 def _network_flag(fid: Fidelity | None) -> str:
-    if fid is None or fid.state == "not calibrated":
+    if fid is None:
         return "not calibrated"
-    return "FLAGGED: calibration failed" if fid.state == "failed" else fid.state
+    return "FLAGGED: calibration failed" if fid.validity is Validity.FAIL else fid.state
 
 
 SUMMARY_HEAD = ["cell", "backend", "verdict", "network", "duration s", "time to target s", "steps",
@@ -306,17 +182,17 @@ def _summary_rows(view: _View) -> list[list[str]]:
         f = figs.get((t.protocol, t.profile, t.workers, t.seed))
         tt = "-" if f is None or view.target is None else (
             "not reached" if f.seconds_to_target is None else f"{f.seconds_to_target:.2f}")
-        rows.append([c.cell_id, t.backend, STATE[_overall(c)], _network_flag(view.fidelity.get(t.profile)),
+        rows.append([c.cell_id, t.backend, STATE[cell_validity(c)], _network_flag(view.fidelity.get(t.profile)),
                      f"{t.duration:.1f}", tt, "-" if f is None else str(f.steps),
                      "-" if f is None else megabytes(f.bytes_per_worker),
                      "-" if f is None or f.final_loss is None else f"{f.final_loss:.4g}",
-                     "; ".join(verdict_line(v) for v in c.verdicts)])
+                     "; ".join(v.line() for v in c.verdicts)])
     return rows
 
 
 def _claim_rows(results: Results) -> list[list[str]]:
     return [[c.claim_id, c.paper, c.claim, c.paper_figure, c.our_setting, figure(c.verdict.measured),
-             c.verdict.expected, STATE[c.verdict.passed], c.verdict.why] for c in results.claims]
+             c.verdict.expected, STATE[c.verdict.validity], c.verdict.why] for c in results.claims]
 
 
 CLAIM_HEAD = ["claim", "paper", "what", "paper's figure", "our setting", "measured", "threshold", "verdict", "why"]
@@ -334,7 +210,7 @@ def _fidelity_rows(view: _View) -> list[list[str]]:
     for name, fid in view.fidelity.items():
         cells = [c.cell_id for c in view.results.cells if c.trace.profile == name]
         rows.append([name, ", ".join(fid.backends) or "-", str(fid.checked), str(len(fid.failed)), str(fid.unknown),
-                     "FLAGGED: calibration failed" if fid.state == "failed" else fid.state, ", ".join(cells)])
+                     _network_flag(fid), ", ".join(cells)])
     return rows
 
 
@@ -342,7 +218,7 @@ def _flagged(view: _View) -> list[str]:
     """One line per profile whose calibration failed, naming its cells."""
     out = []
     for name, fid in view.fidelity.items():
-        if fid.state == "failed":
+        if fid.validity is Validity.FAIL:
             cells = ", ".join(c.cell_id for c in view.results.cells if c.trace.profile == name)
             out.append(f"{cells}: {fid.line()}")
     return out
@@ -416,7 +292,7 @@ def _run_of(results: Results) -> Mapping[str, Any]:
 def _html_table(head: list[str], rows: list[list[str]]) -> str:
     cls = {"pass": "pass", "FAIL": "fail", "unknown": "unknown", "passed": "pass", "failed": "fail",
            "faithful": "pass", "FLAGGED: calibration failed": "fail", "not calibrated": "unknown",
-           "partly verified": "unknown", "not reached": "unknown"}
+           "partly verified": "unknown", "unverified": "unknown", "not reached": "unknown"}
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f'<td class="{cls.get(c, "")}">{html.escape(c)}</td>' for c in r) + "</tr>"
                    for r in rows)
@@ -476,11 +352,12 @@ def _html_compare(view: _View) -> list[str]:
                   _html_table(COMPARE_HEAD, comparison_rows(view.comparison)),
                   _img("Bytes to target", plot_bytes_to_target(view.comparison, view.target_text))]
     cells = view.results.cells
-    parts.append(_img("Loss against wall time", plot_loss(cells)))
+    traces = _traces(view.results)
+    parts.append(_img("Loss against wall time", plot_loss(traces)))
     if any(r.bytes_sent for c in cells for r in c.trace.records):
-        parts.append(_img("Loss against bytes sent", plot_loss_vs_bytes(_traces(view.results))))
-    parts.append(_img("Drift between workers", plot_drift(cells)))
-    parts.append(_img("Drift from the owners", plot_owner_drift(cells)))
+        parts.append(_img("Loss against bytes sent", plot_loss_vs_bytes(traces)))
+    parts.append(_img("Drift between workers", plot_drift(traces)))
+    parts.append(_img("Drift from the owners", plot_owner_drift(traces)))
     parts += ["<h3>Every run</h3>", _html_table(SUMMARY_HEAD, _summary_rows(view))]
     stats = _stats(view)
     if stats:
@@ -517,7 +394,7 @@ def html_page(results: Results) -> str:
         parts += _html_network(view) + _html_fidelity(view) + _html_compare(view)
     if results.claims:
         parts += ["<h2 id='claims'>Claims</h2>", _html_table(CLAIM_HEAD, _claim_rows(results))]
-        png = plot_speedups(results.claims)
+        png = plot_claims([(c.claim_id, c.verdict) for c in results.claims])
         if png:
             parts.append(f"<img alt='claims' src='data:image/png;base64,{png}'>")
     if results.calibration and not results.cells:

@@ -1,8 +1,10 @@
-"""The comparison plots of a report: the time-to-target heatmap, loss against bytes sent, bytes to target.
+"""Every plot of a report (the only module that draws, with matplotlib): the time-to-target heatmap,
+bytes to target, loss against wall time and against bytes sent, drift, and the claims' figures.
 
-Each function returns a PNG as base64 text (for a data URI) or None when there is nothing to draw.
-The heatmap's colour is the ratio to the best protocol of the same profile (log scale, 1x green),
-and each square says the seconds and the ratio in words, so the figure reads without a legend.
+Each function takes plain data (traces, a comparison, verdicts) and returns a PNG as base64 text
+(for a data URI) or None when there is nothing to draw. The heatmap's colour is the ratio to the
+best protocol of the same profile (log scale, 1x green), and each square says the seconds and the
+ratio in words, so the figure reads without a legend. Panels are one per profile, at most 3 across.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from squall.checks import Validity, Verdict, drift_series
+from squall.checks.drift import owner_drift_series
 from squall.report.compare import Comparison, megabytes
 from squall.trace import RunTrace
 
@@ -85,19 +89,25 @@ def _median_by_step(trace: RunTrace) -> tuple[list[float], list[float]]:
             [statistics.median(v for _, v in by_step[s]) for s in steps])
 
 
+def _grid(panels: int) -> tuple[Any, list[Any]]:
+    """A figure with one panel per profile, at most 3 across."""
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
 def plot_loss_vs_bytes(traces: Sequence[RunTrace]) -> str | None:
     """Training loss against MB sent per worker: one panel per profile, one line per protocol (lowest seed)."""
     profiles = sorted({t.profile for t in traces if t.records})
     if not profiles:
         return None
-    cols = min(3, len(profiles))
-    rows = math.ceil(len(profiles) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[len(profiles):]:
-        ax.set_visible(False)
+    fig, flat = _grid(len(profiles))
     seed = min(t.seed for t in traces)
-    for ax, profile in zip(flat, profiles, strict=False):
+    for ax, profile in zip(flat, profiles, strict=True):
         for t in traces:
             if t.profile == profile and t.seed == seed:
                 x, y = _median_by_step(t)
@@ -133,5 +143,106 @@ def plot_bytes_to_target(c: Comparison, target: str) -> str | None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     ax.margins(y=0.25)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float]]:
+    """Median over workers of ``metric`` per step, against the median time of that step."""
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in trace.records:
+        value = getattr(r, metric)
+        if value is not None:
+            by_step[r.step].append((r.t, value))
+    steps = sorted(by_step)
+    return ([statistics.median(t for t, _ in by_step[s]) for s in steps],
+            [statistics.median(v for _, v in by_step[s]) for s in steps])
+
+
+def plot_loss(traces: Sequence[RunTrace], metric: str = "loss") -> str | None:
+    """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each)."""
+    profiles = sorted({t.profile for t in traces})
+    if not profiles:
+        return None
+    fig, axes = _grid(len(profiles))
+    seed = min(t.seed for t in traces)
+    for ax, profile in zip(axes, profiles, strict=True):
+        for trace in traces:
+            if trace.profile == profile and trace.seed == seed:
+                t, v = _median_curve(trace, metric)
+                if t:
+                    ax.plot(t, v, label=f"{trace.protocol} (w{trace.workers})")
+        ax.set_title(profile)
+        ax.set_xlabel("wall time since training started (s)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
+#: Bar colours by validity.
+COLOURS = {Validity.PASS: "#2e7d32", Validity.FAIL: "#c62828", Validity.UNKNOWN: "#9e9e9e"}
+
+
+def plot_claims(claims: Sequence[tuple[str, Verdict]]) -> str | None:
+    """Measured figure of every (claim id, verdict) with a numeric measurement, coloured by its validity."""
+    rows = [(claim, float(v.measured), v.validity) for claim, v in claims if isinstance(v.measured, int | float)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
+    ax.barh([r[0] for r in rows], [r[1] for r in rows], color=[COLOURS[r[2]] for r in rows])
+    ax.set_xlabel("measured (see the claims table for each threshold)")
+    ax.grid(axis="x", alpha=0.3)
+    return png(fig)
+
+
+def plot_drift(traces: Sequence[RunTrace]) -> str | None:
+    """Max pairwise parameter distance over time per profile, churn events as vertical lines."""
+    series = [(t, s) for t in traces if (s := drift_series(t))]
+    if not series:
+        return None
+    profiles = sorted({t.profile for t, _ in series})
+    fig, axes = _grid(len(profiles))
+    floor = 1e-12  # identical parameters: drawn at the floor of the log axis
+    for ax, profile in zip(axes, profiles, strict=True):
+        marks: dict[tuple[float, str], None] = {}
+        for trace, s in series:
+            if trace.profile == profile:
+                label = f"{trace.protocol} (w{trace.workers})"
+                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=label)
+                marks.update({(m.t, m.kind): None for m in trace.churn})
+        for t, kind in marks:
+            ax.axvline(t, color="#c62828", alpha=0.35, linestyle="--")
+            ax.text(t, 0.98, f" {kind}", transform=ax.get_xaxis_transform(), fontsize=7, rotation=90, va="top")
+        ax.set_title(profile)
+        ax.set_xlabel("wall time since training started (s)")
+        ax.set_ylabel("max pairwise distance")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_owner_drift(traces: Sequence[RunTrace]) -> str | None:
+    """Mean drift from the owners against the iteration, one panel per profile (protocols whose owners record it,
+    e.g. training under packet loss, with their no-resync control beside them); None when no trace has it."""
+    series = [(t, s) for t in traces if (s := owner_drift_series(t))]
+    if not series:
+        return None
+    profiles = sorted({t.profile for t, _ in series})
+    fig, axes = _grid(len(profiles))
+    floor = 1e-12  # zero drift (no loss yet): drawn at the floor of the log axis
+    for ax, profile in zip(axes, profiles, strict=True):
+        for trace, s in series:
+            if trace.profile == profile:
+                ax.plot([t for t, _ in s], [max(d, floor) for _, d in s], label=f"{trace.protocol} (s{trace.seed})")
+        ax.set_title(profile)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("mean ||x_i - x_owner||^2")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return png(fig)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from squall.calibration.runner import calibrate
-from squall.calibration.verdicts import CalibrationOutcome
+from squall.checks.verdict import Validity
 from squall.cli import calibrate as cli_calibrate
 from squall.shaping import LinkState, Shaper, netem_available
 from tests.timing import report_passed
@@ -61,7 +61,7 @@ def test_cli_writes_json_and_fails_when_the_links_differ_from_the_profile(
                                "--quick", "--json", str(out)])
     data = json.loads(out.read_text())
     assert code == 1
-    assert data["verdict"] == CalibrationOutcome.FAILED.value and data["backend"] in ("netem", "nfqueue")
+    assert data["verdict"] == Validity.FAIL.past == "failed" and data["backend"] in ("netem", "nfqueue")
     by_metric = {row["metric"]: row for row in data["rows"]}
     assert by_metric["delay"]["verdict"] == "failed"  # ~5 ms measured, 10 ms configured
     assert by_metric["rate"]["verdict"] == "failed"  # ~1 Gbit/s measured, 20 Mbit/s configured

@@ -26,7 +26,8 @@ from squall.calibration import hostprobe
 from squall.calibration.observations import parse_udp
 from squall.calibration.report import CalibrationReport
 from squall.calibration.runner import calibrate, calibration_spec
-from squall.calibration.verdicts import CalibrationOutcome
+from squall.calibration.stalls import TOO_BUSY
+from squall.checks.verdict import Validity
 from squall.cluster import Cluster
 from squall.shaping.lan import BridgedLan
 from tests.timing import CpuBurners, bench_lock
@@ -79,7 +80,7 @@ def _calibrate(cluster: Cluster) -> CalibrationReport:
 
 
 def _busy_reason(row: Any) -> bool:
-    return row.verdict == CalibrationOutcome.UNKNOWN and "too busy" in row.why
+    return row.validity is Validity.UNKNOWN and TOO_BUSY in row.why
 
 
 @pytest.mark.docker
@@ -95,7 +96,7 @@ def test_two_cpu_burners_change_no_verdict(cluster: Cluster) -> None:
     assert burned >= MIN_BURNER_SHARE * span, (
         f"the burners used {burned:.1f} CPU s in {span:.1f} s: the busy run was not busy")
     # A correct backend on a quiet host: nothing fails (a row the host was too busy for may be unknown)
-    failed = [r for r in quiet.rows if r.verdict == CalibrationOutcome.FAILED]
+    failed = [r for r in quiet.rows if r.validity is Validity.FAIL]
     assert not failed, "quiet run:\n" + quiet.format()
     before = {(r.link, r.metric): r for r in quiet.rows}
     after = {(r.link, r.metric): r for r in busy.rows}
@@ -104,7 +105,7 @@ def test_two_cpu_burners_change_no_verdict(cluster: Cluster) -> None:
     for key, was in before.items():
         now = after[key]
         if _busy_reason(was):  # the quiet run could not judge it: the busy one must not fail it either
-            moved = now.verdict == CalibrationOutcome.FAILED
+            moved = now.validity is Validity.FAIL
         else:  # the same verdict, or unknown because the host was too busy
             moved = now.verdict != was.verdict and not _busy_reason(now)
         if moved:

@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from squall.calibration.expected import DelayModel
-from squall.calibration.stats import interquartile_range, without_stalls
-from squall.calibration.verdicts import stall_half_width_us
+from squall.calibration import stalls
+from squall.calibration.stats import interquartile_range
 from squall.shaping.echo_probe import ProbeResult, probe, realtime
 from squall.shaping.lan import PROBE_PRIORITY
 from squall.shaping.nfqueue import rules
@@ -175,7 +174,7 @@ def _check_uniform_jitter(world: World) -> None:
     delays = list(result.one_way_us)
     expected_sd = 5_000 / math.sqrt(3)
     _assert_delay(delays, 20_000, "20 ms +- 5 ms uniform", sd_us=expected_sd)
-    sd = without_stalls(delays, stall_half_width_us(DelayModel(20_000, expected_sd)))[0].sd  # the mean check's window
+    sd = stalls.policy().split(delays, expected_sd)[0].sd  # the mean check's window
     assert abs(sd - expected_sd) <= JITTER_SD_TOLERANCE * expected_sd, (
         f"jitter s.d. {sd:.0f}, expected {expected_sd:.0f}"
     )

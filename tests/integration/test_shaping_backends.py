@@ -36,8 +36,7 @@ from typing import Any
 
 import pytest
 
-from squall.calibration.stats import without_stalls
-from squall.calibration.verdicts import STALL_FLOOR_US
+from squall.calibration import stalls
 from squall.cluster import Cluster
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
 from squall.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
@@ -147,7 +146,7 @@ def test_delay_of_a_link(lan: Lan, shaper: Shaper) -> None:
         result = lan.probe(0, 1, count=200, interval_us=2_000, wait_s=0.2)
         assert result.lost == 0
         assert_delay(result, 20_000, "0 -> 1 at 20 ms")
-        kept, _ = without_stalls(result.one_way_us, STALL_FLOOR_US)  # assert_delay saw few stalls
+        kept, _ = stalls.policy().split(result.one_way_us, 0.0)  # assert_delay saw few stalls
         logger.info("%s: 20 ms link: mean %.0f us, sd %.0f us without host stalls", shaper.backend, kept.mean, kept.sd)
         assert kept.sd < 500
         # the way back (1 -> 0) is not shaped: the round trip adds little (medians: stalls only add)

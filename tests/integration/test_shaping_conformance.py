@@ -32,26 +32,26 @@ from typing import Any
 
 import pytest
 
+from squall.calibration import stalls
 from squall.calibration.expected import LossModel, delay_model, loss_model, wire_bps
 from squall.calibration.judge import Baseline, stalled_fraction
 from squall.calibration.observations import Sample, TransferObservation, UdpObservation, better, raw_samples
 from squall.calibration.plan import TransferPlan
 from squall.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
-from squall.calibration.runner import STALL_TRIES, calibration_spec, rate_only, unlimited
+from squall.calibration.runner import calibration_spec, rate_only, unlimited
 from squall.calibration.verdicts import (
-    MAX_STALL_FRACTION,
     RATE_REL,
-    CalibrationOutcome,
     check_delay,
     check_jitter,
     check_loss,
     check_rate,
 )
+from squall.checks.verdict import Validity
 from squall.cluster import Cluster
 from squall.profiles import Profile, profile_from_data
 from squall.shaping import LinkState, Shaper, netem_probe, open_shaper, state_at
 from tests import kernel_clients
-from tests.timing import CANARY_P99_US, StallCanary, judged
+from tests.timing import StallCanary, canary_bound_us, judged
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -126,10 +126,11 @@ def mixed(cluster: Cluster, shaper: Shaper) -> UdpObservation:
 
 
 def _judgeable(state: Any, probe: Any, shaper: Shaper) -> UdpObservation:
-    """``probe()`` again (as ``squall calibrate`` does, up to STALL_TRIES) while the host stalled too many
-    packets of a link for its delay to be judged; the probe with the fewest stalls."""
+    """``probe()`` again (up to the stall policy's tries, as ``squall calibrate`` does) while the host stalled
+    so many packets of a link that the probe as a whole cannot be used; the probe with the fewest stalls."""
+    policy = stalls.policy()
     tries = [probe() for _ in range(1)]
-    while stalled_fraction(state, tries[-1]) > MAX_STALL_FRACTION and len(tries) < STALL_TRIES:
+    while stalled_fraction(state, tries[-1]) > policy.probe_share and len(tries) < policy.tries:
         tries.append(probe())
     shaper.check()
     for obs in tries:
@@ -166,7 +167,7 @@ def test_loss_inside_the_99_percent_binomial_region(mixed: UdpObservation, link:
     # A correct backend fails this with probability <= 1 % (exact binomial acceptance region).
     seen = mixed.links[link]
     row = check_loss(link, loss_model(_spec(link).loss), seen.packets, seen.lost, confidence=LOSS_CONFIDENCE)
-    assert row.verdict == CalibrationOutcome.PASSED, row.why
+    assert row.validity is Validity.PASS, row.why
 
 
 def test_links_without_settings_stay_untouched(mixed: UdpObservation, baseline: Baseline) -> None:
@@ -200,7 +201,7 @@ def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any
         canary = StallCanary()  # a real-time thread's wake-ups during the second transfer
         with canary.watching():
             seen = better(seen, run_tcp(cluster, [plan]).get(link))
-        if _short(seen, rate) and canary.p99_us() > CANARY_P99_US:  # as calibrate() on a stalling host
+        if _short(seen, rate) and canary.p99_us() > canary_bound_us():  # as calibrate() on a stalling host
             pytest.skip(f"{link} short at {rate / 1e6:g} Mbit/s while the host stalled (a real-time canary woke "
                         f"{canary.p99_us():.0f} us late at the 99th percentile): too busy to judge the rate")
     if _short(seen, rate):
@@ -209,9 +210,9 @@ def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any
         ceiling = wire_bps(again.goodput_bps, again.mss) if again.goodput_bps and again.mss else None
         shaper.apply(rate_only(state_at(MIXED, N, 0.0)))
     row = check_rate(link, rate, seen.goodput_bps, seen.mss, ceiling_bps=ceiling, error=seen.error)
-    if row.verdict == CalibrationOutcome.HOST_LIMITED and rate >= 1e9:
+    if row.host_limited and rate >= 1e9:
         pytest.skip(f"this host cannot carry {rate / 1e6:g} Mbit/s through the {shaper.backend} path: {row.why}")
-    assert row.verdict == CalibrationOutcome.PASSED, row.why
+    assert row.validity is Validity.PASS, row.why
 
 
 def _short(seen: TransferObservation, rate: float) -> bool:
@@ -246,15 +247,16 @@ def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tu
     """Name: phase_run. Scope: module. Depends: shaper. A probe across the phase change of PHASED."""
     before = state_at(PHASED, N, 0.0)
     steady = _steady(before)
+    policy = stalls.policy()
     tries = []
-    for _ in range(STALL_TRIES):  # probed again while the host stalled too many packets to judge a delay
+    for _ in range(policy.tries):  # probed again while the host stalled too many packets to judge a delay
         shaper.apply(before)
         run = start_udp(cluster, EVERY, count=int(2.5 * RATE_PPS), rate_pps=RATE_PPS, wait_s=0.5)
         due = _apply_at(shaper, PHASED, PHASE_AT_S, run.start_wall)
         obs, results = finish_udp(run, EVERY)
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
-        if stalled_fraction(steady, obs) <= MAX_STALL_FRACTION:
+        if stalled_fraction(steady, obs) <= policy.probe_share:
             break
     return min(tries, key=lambda t: stalled_fraction(steady, t[0]))
 
@@ -358,7 +360,7 @@ def _ping(cluster: Any, pair: tuple[int, int], count: int, interval_s: float) ->
 @pytest.fixture(scope="module")
 def pings(cluster: Any, shaper: Shaper, kernel_tools: None) -> dict[tuple[int, int], kernel_clients.Row]:
     """Name: pings. Scope: module. Depends: shaper, kernel_tools. One judged ping run per pair of PING_PAIRS;
-    pinged again (up to STALL_TRIES) while the host stalled too many replies to judge."""
+    pinged again (up to the stall policy's tries) while the host stalled too many replies to judge."""
     shaper.clear()
     unshaped = {pair: statistics.median(_ping(cluster, pair, 50, 0.01) or [math.inf]) for pair in PING_PAIRS}
     state = state_at(KERNEL, N, 0.0)
@@ -366,7 +368,7 @@ def pings(cluster: Any, shaper: Shaper, kernel_tools: None) -> dict[tuple[int, i
     rows = {}
     for a, b in PING_PAIRS:
         expected = float(state.links[(a, b)].delay_us + state.links[(b, a)].delay_us)
-        for _ in range(STALL_TRIES):
+        for _ in range(stalls.policy().tries):
             row = kernel_clients.judge_ping((a, b), _ping(cluster, (a, b), PINGS, PING_INTERVAL_S), expected,
                                             unshaped[(a, b)], sent=PINGS)
             if row.verdict != "unknown":
@@ -404,7 +406,7 @@ def test_iperf3_gets_the_link_rate(cluster: Any, shaper: Shaper, kernel_tools: N
         with canary.watching():
             again = _iperf3(cluster, udp)
         row = kernel_clients.judge_rate(RATE_LINK, metric, max(got, again, key=lambda r: r.wire_bps), RATE_BPS)
-        if row.verdict != "passed" and canary.p99_us() > CANARY_P99_US:
+        if row.verdict != "passed" and canary.p99_us() > canary_bound_us():
             pytest.skip(f"{row.why} while the host stalled (a real-time canary woke {canary.p99_us():.0f} us late "
                         "at the 99th percentile): too busy to judge the rate")
     shaper.check()

@@ -16,32 +16,27 @@ import pytest
 OUT = Path(os.environ.get("NETEM_VM_RESULTS", "/tmp/netem-vm-out"))
 
 
-#: What counts as "the host stalled" in the guest: its real-time canary woke later than this many times
-#: its own quiet lateness (measured at the start, :func:`pytest_configure`) at the 99th percentile.
-CANARY_FACTOR = 3.0
-CANARY_MEASURE_S = 3.0
+CANARY_MEASURE_S = 3.0  # how long the idle guest's canary is measured
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Measure the guest's real-time canary on an idle guest and scale the "host stalled" bound to it.
-
-    On a native host a 1 ms sleep of a SCHED_FIFO thread wakes ~0.5 ms late at the 99th percentile,
-    and ``tests.timing`` calls an attempt that failed beside a later canary "too busy". Under TCG the
-    guest's timers are emulated: an idle guest on a quiet host wakes it ~4 ms late (measured), so
-    with the native bound every failure in the guest would read as "too busy" and none could fail.
-    Here the bound is max(native bound, CANARY_FACTOR x the idle guest's own p99): a failure beside
-    a canary no later than the guest's normal is a failure. Recorded in ``guest_canary.json``.
+    """Measure the real-time canary on the idle guest and put the stall policy scaled to it in force
+    (:meth:`squall.calibration.stalls.StallPolicy.with_canary`): under TCG the guest's timers are
+    emulated, so an idle guest's canary is already later than a native host's bound, and with that
+    bound every failure in the guest would read as "too busy". Recorded in ``guest_canary.json``.
     """
+    from squall.calibration import stalls
     from tests import timing
 
     canary = timing.StallCanary()
     with canary.watching():
         time.sleep(CANARY_MEASURE_S)
     quiet = canary.p99_us()
-    timing.CANARY_P99_US = max(timing.CANARY_P99_US, CANARY_FACTOR * quiet)
+    policy = stalls.policy().with_canary(quiet)
+    stalls.use(policy)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "guest_canary.json").write_text(json.dumps({"idle_p99_us": round(quiet, 1), "sleeps": len(canary.late_us),
-                                                       "bound_us": round(timing.CANARY_P99_US, 1)}) + "\n")
+                                                       "bound_us": round(policy.canary_p99_us, 1)}) + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from squall.calibration.expected import loss_model
 from squall.calibration.plan import MAX_COUNT, MIN_COUNT, QUICK_MIN_COUNT, plan_probes, reschedule
-from squall.calibration.verdicts import LOSS_RESOLUTION, CalibrationOutcome, check_loss, loss_packets_needed
+from squall.calibration.verdicts import LOSS_RESOLUTION, check_loss, loss_packets_needed
+from squall.checks.verdict import Validity
 from squall.profiles import Profile, load_profile
 from squall.shaping import state_at
 from squall.shaping.base import LinkState
@@ -41,7 +42,7 @@ def test_the_packets_planned_resolve_the_loss_check_the_judge_makes(quick: bool)
     crossing = int(plan.udp_count * (1 + 0.99))  # own probes + echoes that survived the reverse link
     row = check_loss((0, 1), model, crossing, round(crossing * model.mean), confidence=plan.loss_confidence,
                      resolution=plan.loss_resolution)
-    assert row.verdict == CalibrationOutcome.PASSED, row.why
+    assert row.validity is Validity.PASS, row.why
     assert plan.loss_resolution == (2 * LOSS_RESOLUTION if quick else LOSS_RESOLUTION)
 
 

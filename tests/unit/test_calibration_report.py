@@ -14,32 +14,35 @@ from squall.calibration import runner
 from squall.calibration.judge import Baseline
 from squall.calibration.plan import plan_probes
 from squall.calibration.report import CalibrationReport
-from squall.calibration.verdicts import CalibrationOutcome, Check
+from squall.calibration.verdicts import HOST_LIMITED, Check
+from squall.checks.verdict import Validity
 from squall.cli import calibrate as cli_calibrate
 from squall.profiles import load_profile
 from squall.shaping import state_at
 
+PASSED, FAILED, UNKNOWN = "passed", "failed", "unknown"  # a row's words
 
-def _report(*verdicts: CalibrationOutcome, errors: tuple[str, ...] = ()) -> CalibrationReport:
-    rows = tuple(Check((0, i + 1), "delay", "ms", 5.0, 5.1 if v != CalibrationOutcome.UNKNOWN else None,
-                       4.5 if v != CalibrationOutcome.UNKNOWN else math.nan,
-                       5.5 if v != CalibrationOutcome.UNKNOWN else math.nan, v,
-                       f"row {i}") for i, v in enumerate(verdicts))
+
+def _report(*verdicts: str, errors: tuple[str, ...] = ()) -> CalibrationReport:
+    rows = tuple(Check((0, i + 1), "delay", "ms", 5.0, 5.1 if v != UNKNOWN else None,
+                       4.5 if v != UNKNOWN else math.nan,
+                       5.5 if v != UNKNOWN else math.nan, Validity.read(v),
+                       f"row {i}", host_limited=v == HOST_LIMITED) for i, v in enumerate(verdicts))
     plan = plan_probes(state_at(load_profile("wan-5ms"), 4, 0.0), 4)
     return CalibrationReport("wan-5ms", 4, "nfqueue", 0.0, False, rows, Baseline(40, 30, 80, 50, 3600), plan,
                              errors, ("a note",), 42.0)
 
 
 @pytest.mark.parametrize("verdicts, errors, overall, strict, lenient", [
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.PASSED), (), CalibrationOutcome.PASSED, True, True),
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.HOST_LIMITED), (), CalibrationOutcome.HOST_LIMITED, False, True),
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.UNKNOWN), (), CalibrationOutcome.UNKNOWN, False, False),
-    ((CalibrationOutcome.FAILED, CalibrationOutcome.HOST_LIMITED), (), CalibrationOutcome.FAILED, False, False),
-    ((CalibrationOutcome.PASSED,), ("the daemon died",), CalibrationOutcome.FAILED, False, False),
-    ((), (), CalibrationOutcome.UNKNOWN, False, False),
+    ((PASSED, PASSED), (), PASSED, True, True),
+    ((PASSED, HOST_LIMITED), (), HOST_LIMITED, False, True),
+    ((PASSED, UNKNOWN), (), UNKNOWN, False, False),
+    ((FAILED, HOST_LIMITED), (), FAILED, False, False),
+    ((PASSED,), ("the daemon died",), FAILED, False, False),
+    ((), (), UNKNOWN, False, False),
 ])
-def test_report_verdict(verdicts: tuple[CalibrationOutcome, ...], errors: tuple[str, ...],
-                        overall: CalibrationOutcome, strict: bool, lenient: bool) -> None:
+def test_report_verdict(verdicts: tuple[str, ...], errors: tuple[str, ...],
+                        overall: str, strict: bool, lenient: bool) -> None:
     report = _report(*verdicts, errors=errors)
     assert report.verdict == overall
     assert report.passed() is strict
@@ -47,7 +50,7 @@ def test_report_verdict(verdicts: tuple[CalibrationOutcome, ...], errors: tuple[
 
 
 def test_report_json_and_table() -> None:
-    report = _report(CalibrationOutcome.PASSED, CalibrationOutcome.UNKNOWN, CalibrationOutcome.HOST_LIMITED)
+    report = _report(PASSED, UNKNOWN, HOST_LIMITED)
     data = json.loads(report.to_json())
     assert data["verdict"] == "unknown" and data["backend"] == "nfqueue"
     assert data["counts"] == {"passed": 1, "failed": 0, "unknown": 1, "host-limited": 1}
@@ -99,13 +102,13 @@ def _no_containers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("case", [
-    ((CalibrationOutcome.PASSED,), False, 0),
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.FAILED), False, 1),
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.HOST_LIMITED), False, 1),
-    ((CalibrationOutcome.PASSED, CalibrationOutcome.HOST_LIMITED), True, 0),
+    ((PASSED,), False, 0),
+    ((PASSED, FAILED), False, 1),
+    ((PASSED, HOST_LIMITED), False, 1),
+    ((PASSED, HOST_LIMITED), True, 0),
 ])
 def test_exit_codes_and_json_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                  case: tuple[tuple[CalibrationOutcome, ...], bool, int]) -> None:
+                                  case: tuple[tuple[str, ...], bool, int]) -> None:
     verdicts, allow, code = case
     seen: dict[str, Any] = {}
 
@@ -124,7 +127,7 @@ def test_exit_codes_and_json_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 
 def test_json_to_stdout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(runner, "calibrate", lambda profile, **kw: _report(CalibrationOutcome.PASSED))
+    monkeypatch.setattr(runner, "calibrate", lambda profile, **kw: _report(PASSED))
     assert cli_calibrate.main(["calibrate", "--profile", "wan-5ms", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "passed"
 

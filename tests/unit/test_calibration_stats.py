@@ -1,4 +1,4 @@
-"""Statistics of the calibration: moments, exact binomial tails and regions, intervals, stalls."""
+"""Statistics of the calibration: moments, exact binomial tails and regions, intervals."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from squall.calibration.stats import (
     pool,
     sidak,
     wilson_interval,
-    without_stalls,
     z_two_sided,
 )
 
@@ -138,16 +137,6 @@ def test_sidak_shares_a_false_failure_budget(family: float, checks: int, expecte
     assert per_check == pytest.approx(expected, rel=1e-3)
     assert 1 - (1 - per_check) ** checks == pytest.approx(family)
 
-
-def test_stalls_are_left_out_of_the_moments() -> None:
-    core = [5000.0 + (i % 7) * 10 for i in range(995)]
-    stalls = [9000.0, 12000.0, 7000.0, 8000.0, 15000.0]
-    moments, left_out = without_stalls(core + stalls, half_width=1000.0)
-    assert left_out == 5
-    assert moments == Moments.of(core)
-    assert Moments.of(core + stalls).sd > 10 * moments.sd  # what the stalls would have done
-    empty, none_left_out = without_stalls([], 1.0)
-    assert (empty.count, none_left_out) == (0, 0)
 
 
 def test_interquartile_range() -> None:

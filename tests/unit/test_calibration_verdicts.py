@@ -10,19 +10,20 @@ import pytest
 from squall.calibration.expected import DelayModel, LossModel, delay_model, loss_model
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import (
-    CalibrationOutcome,
+    HOST_LIMITED,
     Check,
     check_delay,
     check_jitter,
     check_loss,
     check_rate,
     loss_packets_needed,
+    outcome,
     overall,
 )
+from squall.checks.verdict import Validity
 from squall.profiles import Distribution, GilbertElliott, Jitter, LinkSpec, Loss
 
-P, F, U, H = (CalibrationOutcome.PASSED, CalibrationOutcome.FAILED, CalibrationOutcome.UNKNOWN,
-              CalibrationOutcome.HOST_LIMITED)
+P, F, U, H = "passed", "failed", "unknown", HOST_LIMITED  # a row's words
 LINK = (0, 1)
 
 
@@ -38,7 +39,7 @@ LINK = (0, 1)
     (5_000, Moments(49, 5_000, 50), 0, U),  # too few samples
     (5_000, None, 0, U),  # the probe crashed
 ])
-def test_delay(configured_us: float, measured: Moments | None, baseline_us: float, verdict: CalibrationOutcome) -> None:
+def test_delay(configured_us: float, measured: Moments | None, baseline_us: float, verdict: str) -> None:
     row = check_delay(LINK, DelayModel(configured_us, 0.0), measured, baseline_us)
     assert row.verdict == verdict, row.why
     assert row.metric == "delay" and row.unit == "ms"
@@ -95,7 +96,7 @@ def test_round_trip_delay_row() -> None:
     (2_887, 2_900, 249, U),  # a jittered link needs 250 samples
     (0, 50, 30, P),  # without jitter 30 do
 ])
-def test_jitter_from_moments(sd_cfg: float, measured_sd: float, n: int, verdict: CalibrationOutcome) -> None:
+def test_jitter_from_moments(sd_cfg: float, measured_sd: float, n: int, verdict: str) -> None:
     row = check_jitter(LINK, DelayModel(20_000, sd_cfg), Moments(n, 20_000, measured_sd), 40.0)
     assert row.verdict == verdict, row.why
     assert row.verdict == U or row.low >= 0
@@ -206,7 +207,7 @@ def test_packets_needed_for_a_loss_check(model: LossModel, expected: int) -> Non
     (Loss(1.0), 1000, 1000, P),  # a blocked link
     (Loss(1.0), 1000, 999, F),
 ])
-def test_loss(loss: Loss, packets: int, lost: int, verdict: CalibrationOutcome) -> None:
+def test_loss(loss: Loss, packets: int, lost: int, verdict: str) -> None:
     row = check_loss(LINK, loss_model(loss), packets, lost)
     assert row.verdict == verdict, row.why
     if verdict != U:
@@ -240,7 +241,7 @@ def test_loss_confidence_can_be_tightened() -> None:
     (1e9, 600e6, 640e6, H),
     (20e6, 19.0e6, None, P),
 ])
-def test_rate(rate: float, goodput: float, ceiling: float | None, verdict: CalibrationOutcome) -> None:
+def test_rate(rate: float, goodput: float, ceiling: float | None, verdict: str) -> None:
     row = check_rate(LINK, rate, goodput, 1448, ceiling_bps=ceiling)
     assert row.verdict == verdict, row.why
     assert row.unit == "Mbit/s"
@@ -256,8 +257,8 @@ def test_rate_outside_the_specified_range_says_so() -> None:
     assert "outside" not in check_rate(LINK, 10e6, 9.56e6, 1448).why
 
 
-def _row(verdict: CalibrationOutcome) -> Check:
-    return Check(LINK, "delay", "ms", 1.0, 1.0, 0.5, 1.5, verdict, "")
+def _row(verdict: str) -> Check:
+    return Check(LINK, "delay", "ms", 1.0, 1.0, 0.5, 1.5, Validity.read(verdict), "", host_limited=verdict == H)
 
 
 @pytest.mark.parametrize("states, expected", [
@@ -267,8 +268,9 @@ def _row(verdict: CalibrationOutcome) -> Check:
     ([P, H, U], U),
     ([U, F, H], F),
 ])
-def test_overall(states: list[CalibrationOutcome], expected: CalibrationOutcome) -> None:
-    assert overall(_row(s) for s in states) == expected
+def test_overall(states: list[str], expected: str) -> None:
+    assert outcome(_row(s) for s in states) == expected
+    assert overall(_row(s) for s in states) is Validity.read(expected)  # host-limited is unknown
 
 
 def test_a_clean_link_is_unknown_when_the_probe_shows_a_stalling_host() -> None:

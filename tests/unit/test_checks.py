@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from squall.checks import Target, Verdict, converged, drift_bounded, fidelity, safe, speedup
+from squall.checks import Target, Validity, Verdict, converged, drift_bounded, fidelity, merge, safe, speedup
+from squall.checks.fidelity import failed_row
 from squall.trace import ChurnMark, RunTrace, StepRecord, build_trace
 
 
@@ -119,14 +120,51 @@ def test_speedup_fails_when_the_fast_protocol_never_converges_and_is_unknown_wit
     assert speedup([], runs("b", [3.0]), ACC, at_least=1).unknown
 
 
-def test_fidelity_aggregates_link_verdicts() -> None:
-    ok = Verdict("delay 0->1", True, 5.0, "5 ms +- 0.5", "fine")
-    bad = Verdict("delay 1->0", False, 9.0, "5 ms +- 0.5", "too slow")
-    undecided = Verdict("loss 0->1", None, None, "1 %", "12 packets")
-    assert fidelity([ok, ok]).passed is True
-    assert fidelity([ok, bad]).passed is False and "too slow" in fidelity([ok, bad]).why
-    assert fidelity([ok, undecided]).unknown
-    assert fidelity([]).unknown
+def _row(verdict: str, link: str = "0->1", quantity: str = "delay", profile: str = "p") -> dict[str, Any]:
+    return {"profile": profile, "backend": "netem", "link": link, "quantity": quantity, "configured": "5.000 ms",
+            "measured": "9.000 ms", "tolerance": "4.500..5.500 ms", "verdict": verdict, "why": "-"}
+
+
+def test_fidelity_merges_a_profiles_calibration_rows() -> None:
+    ok, bad = _row("passed"), _row("failed", "1->0")
+    undecided, limited = _row("unknown", quantity="loss"), _row("host-limited", quantity="rate")
+    assert (fidelity("p", [ok, ok]).validity, fidelity("p", [ok, ok]).state) == (Validity.PASS, "faithful")
+    failed = fidelity("p", [ok, bad, undecided])
+    assert (failed.validity, failed.state) == (Validity.FAIL, "failed")
+    assert failed.line() == ("1 of 3 calibration checks of p failed: "
+                             "1->0 delay: configured 5.000 ms, measured 9.000 ms")
+    partly = fidelity("p", [ok, undecided])
+    assert (partly.validity, partly.state) == (Validity.UNKNOWN, "partly verified")
+    assert partly.line() == "1 of 2 calibration checks of p passed (1 could not decide)"
+    assert (fidelity("p", [undecided, limited]).validity, fidelity("p", [undecided, limited]).state) == (
+        Validity.UNKNOWN, "unverified")
+    assert (fidelity("p", [_row("passed", profile="q")]).state, fidelity("p", []).validity) == (
+        "not calibrated", Validity.UNKNOWN)
+    crashed_run = fidelity("p", [ok, failed_row("p", "the calibration could not run: boom")])
+    assert crashed_run.validity is Validity.FAIL
+    assert crashed_run.failed == ("all calibration: configured -, measured -",)
+    assert fidelity("p", [_row("a word from a later version")]).validity is Validity.UNKNOWN  # never a pass
+
+
+@pytest.mark.parametrize("validities, merged", [
+    ((), Validity.PASS),  # nothing to merge: Jepsen's rule
+    ((Validity.PASS, Validity.PASS), Validity.PASS),
+    ((Validity.PASS, Validity.UNKNOWN), Validity.UNKNOWN),
+    ((Validity.UNKNOWN, Validity.FAIL, Validity.PASS), Validity.FAIL),
+])
+def test_one_merge_rule(validities: tuple[Validity, ...], merged: Validity) -> None:
+    assert merge(validities) is merged
+    assert merge(reversed(validities)) is merged
+
+
+def test_validity_words() -> None:
+    assert [Validity.of(p) for p in (True, False, None)] == [Validity.PASS, Validity.FAIL, Validity.UNKNOWN]
+    assert [v.passed for v in Validity] == [True, False, None]
+    assert [v.value for v in Validity] == ["pass", "fail", "unknown"]  # JUnit properties
+    assert [v.past for v in Validity] == ["passed", "failed", "unknown"]  # calibration rows
+    assert [Validity.read(w) for w in ("pass", "passed", "fail", "failed", "unknown", "host-limited", None)] == [
+        Validity.PASS, Validity.PASS, Validity.FAIL, Validity.FAIL, Validity.UNKNOWN, Validity.UNKNOWN,
+        Validity.UNKNOWN]
 
 
 def test_a_crashing_check_is_unknown_never_a_pass() -> None:

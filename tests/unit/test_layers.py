@@ -62,9 +62,10 @@ LAYERS: tuple[Layer, ...] = (
     _layer("profiles", "host", {"squall.profiles"}),
     _layer("shaping", "host", {"squall.shaping"}, {"profiles"}),
     _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping"}),
-    _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster"}),
     _layer("trace", "host", {"squall.trace", "squall.progress"}),
+    # The checks hold the one validity (pass, fail, unknown) and its merge rule, which calibration uses too.
     _layer("checks", "host", {"squall.checks"}, {"trace"}),
+    _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster", "checks"}),
     _layer("timeline", "host", {"squall.experiment.timeline"}, {"profiles", "trace"}),
     _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles"}),
     _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
@@ -82,13 +83,13 @@ LAYERS: tuple[Layer, ...] = (
 HOST_SEES = {"squall.protocols.catalog": "protocol catalog", "squall.job": "protocol catalog",
              "squall.training": "training"}
 
-#: Third-party packages that only some units may import.
+#: Third-party packages that only some modules (or the packages named) may import.
 CONFINED = {
     "docker": ("squall.cluster",),
     "requests": ("squall.cluster",),  # the engine's transport errors
     "pyroute2": ("squall.shaping",),
     "pytest": ("squall.pytest_plugin",),
-    "matplotlib": ("squall.report",),
+    "matplotlib": ("squall.report.plots",),  # every plot is drawn there; the pages only lay them out
 }
 
 #: A backend is self-contained: outside it, only these modules may import it.
@@ -157,8 +158,8 @@ def violations() -> list[str]:
             allowed.discard("protocol folders")  # each folder stands alone: checked below by name
         for line, module, names in imports(path):
             top = module.split(".")[0]
-            if top in CONFINED and not any(unit == u or unit.startswith(u + ".") for u in CONFINED[top]):
-                found.append(f"{where}:{line}: {unit} imports {top}, which only {CONFINED[top]} may")
+            if top in CONFINED and not any(here == u or here.startswith(u + ".") for u in CONFINED[top]):
+                found.append(f"{where}:{line}: {here} imports {top}, which only {CONFINED[top]} may")
             if top != "squall":
                 continue
             for target_module in _modules_named(module, names, known):

@@ -78,11 +78,11 @@ def test_too_few_points_is_unknown_not_a_pass() -> None:
 
 
 def test_report_plots_owner_drift_only_for_cells_that_have_it() -> None:
-    from squall.report.page import CellResult, plot_owner_drift
+    from squall.report.plots import plot_owner_drift
 
-    with_drift = CellResult("a", trace({t: 0.001 * t for t in range(0, 50, 5)}))
-    without = CellResult("b", RunTrace(protocol="q", profile="lan", workers=2, seed=0, backend="none", records=(
-        StepRecord(worker=0, step=1, t=0.0), StepRecord(worker=1, step=1, t=0.0))))
+    with_drift = trace({t: 0.001 * t for t in range(0, 50, 5)})
+    without = RunTrace(protocol="q", profile="lan", workers=2, seed=0, backend="none", records=(
+        StepRecord(worker=0, step=1, t=0.0), StepRecord(worker=1, step=1, t=0.0)))
     assert plot_owner_drift([without]) is None
     image = plot_owner_drift([with_drift, without])
     assert image is not None and len(image) > 1000  # a base64 PNG

@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 from squall.checks import Target, Verdict
+from squall.checks.fidelity import calibration_rows, fidelity
 from squall.report import provenance
 from squall.report.compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
-from squall.report.network import calibration_rows, describe_profiles, fidelity
+from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, html_page, load_results, markdown, write_report
 from squall.trace import RunTrace, StepRecord
 from squall.training.run.records import RESERVED

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 
-from squall.checks import Verdict
+from squall.checks import Validity, Verdict, merge
 from squall.checks.drift import analytic_bound, owner_drift_bounded, owner_drift_grows
 from squall.claims.kinds._figures import final_accuracy, summaries
 from squall.claims.kinds.base import Claim, ClaimKind, Runner
@@ -41,15 +41,11 @@ def bounded(claim: Claim, run: Runner) -> Verdict:
     control_growth = float(claim.params.get("control_growth", 3.0))
     control_profile = str(claim.params.get("control_profile", claim.profiles[0]))
     measured: dict[str, object] = {}
-    failed: list[str] = []
-    unknown: list[str] = []
+    parts: list[tuple[str, Verdict]] = []
 
     def note(key: str, v: Verdict) -> None:
         measured[key] = v.measured
-        if v.passed is False:
-            failed.append(f"{key}: {v.why}")
-        elif v.passed is None:
-            unknown.append(f"{key}: {v.why}")
+        parts.append((key, v))
 
     c = float(claim.params.get("c", 10.0))
     for profile in claim.profiles:
@@ -68,11 +64,11 @@ def bounded(claim: Claim, run: Runner) -> Verdict:
                                min_growth=control_growth))
     expected = (f"late/mid drift <= {growth:g} and late drift <= {c:g} lr^2 G^2 p/(1-p) on {list(claim.profiles)}; "
                 f"the control's late/mid >= {control_growth:g}")
-    if failed:
-        return Verdict("drift_bounded", False, measured, expected, "; ".join(failed))
-    if unknown:
-        return Verdict("drift_bounded", None, measured, expected, "; ".join(unknown))
-    return Verdict("drift_bounded", True, measured, expected, "bounded on every profile, the control grows")
+    validity = merge(v.validity for _, v in parts)
+    if validity is Validity.PASS:
+        return Verdict("drift_bounded", True, measured, expected, "bounded on every profile, the control grows")
+    why = "; ".join(f"{key}: {v.why}" for key, v in parts if v.validity is validity)
+    return Verdict("drift_bounded", validity.passed, measured, expected, why)
 
 
 def accuracy(claim: Claim, run: Runner) -> Verdict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from squall.checks import Verdict, speedup
+from squall.checks import Validity, Verdict, merge, speedup
 from squall.claims.kinds.base import Claim, ClaimKind, Runner, interleaved
 
 _NEEDS = frozenset({"fast", "slow", "profiles", "workers", "seeds", "target", "at_least"})
@@ -37,10 +37,11 @@ def growth(claim: Claim, steps: Sequence[Verdict]) -> Verdict:
     at_least = claim.at_least or 0.0
     expected = f"speed-up increases along {list(claim.profiles)} (each step x{at_least:g} or more)"
     figures = [v.measured for v in steps]
-    failed = [f"{p}: {v.why}" for p, v in zip(claim.profiles, steps, strict=True) if v.passed is False]
-    if failed:
+    validity = merge(v.validity for v in steps)
+    if validity is Validity.FAIL:
+        failed = [f"{p}: {v.why}" for p, v in zip(claim.profiles, steps, strict=True) if v.validity is Validity.FAIL]
         return Verdict("speedup_grows", False, figures, expected, "; ".join(failed))
-    if any(not isinstance(f, int | float) for f in figures):
+    if validity is Validity.UNKNOWN or any(not isinstance(f, int | float) for f in figures):
         return Verdict("speedup_grows", None, figures, expected,
                        "a speed-up could not be measured: " + "; ".join(v.why for v in steps))
     ratios = [b / a for a, b in itertools.pairwise(figures)]
