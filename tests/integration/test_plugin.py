@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.pytester_preload"]
 
 TOY_PROTOCOL = '''
 """Someone else's protocol: local SGD steps, then averaging with a partner that rotates over a hypercube."""

@@ -14,7 +14,7 @@ import pytest
 
 from squall.cli.main import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, EXIT_USAGE, main
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.pytester_preload"]
 
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 

@@ -13,14 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import squall.experiment.matrix  # noqa: F401 - see below
-from squall.protocols.catalog import discover
-
-pytest_plugins = ["pytester"]
-
-# Pytester's in-process runs put sys.modules back as they found it: what the plugin imports (the
-# catalog's protocols, torch) is imported once here, or each run would import torch again (a crash).
-discover()
+pytest_plugins = ["pytester", "tests.pytester_preload"]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "myproto"
