@@ -1,6 +1,6 @@
 """Docker clusters of worker containers: image, network, containers, agents, jobs, churn and gc.
 
-Only this package talks to Docker (DESIGN.md, section 1).
+Only this package talks to Docker (docs/architecture.md, section 3).
 """
 
 from squall.cluster.cluster import Cluster, JobHandle, Node, NodeState

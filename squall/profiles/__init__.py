@@ -40,7 +40,7 @@ from squall.profiles.model import (
 )
 from squall.profiles.profile import Phase, Profile
 
-NetworkProfile = Profile  # the name DESIGN.md uses
+NetworkProfile = Profile  # an older name, kept for users' code
 
 __all__ = [
     "PATH_ENV",

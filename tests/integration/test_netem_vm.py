@@ -1,7 +1,7 @@
 """The netem backend on a real netem kernel: Debian's 6.1 kernel under QEMU, its results as tests here.
 
 This host's kernel has no ``sch_netem``; a stock distribution kernel has it.
-``scripts/netem-vm/run.sh`` boots one under QEMU TCG (DESIGN.md section 7; the kernel is fetched
+``scripts/netem-vm/run.sh`` boots one under QEMU TCG (docs/testing.md; the kernel is fetched
 with ``apt-get download`` and cached in ``.cache/netem-vm``, never committed) with this checkout
 shared read-only, and the guest runs every netem test of ``test_shaping_backends`` and the
 conformance suite (``tests/netem_vm/rows.py`` lists them, some restated for TCG) plus calibrations.
