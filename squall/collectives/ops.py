@@ -10,8 +10,8 @@ for every dtype numpy shares with torch (:data:`NUMPY_DTYPES`); other dtypes (``
 ``bfloat16``) go through torch. Torch would split a large ``add_`` or ``copy_`` across its
 intra-op thread pool, and where ranks share cores (several workers per host, containers with a
 CPU quota below the cores they see) those threads spin against each other and against the
-network stack: on this 2-core host one 256 KiB ``add_`` took 16 ms with 4 ranks running, 0.05 ms
-on one thread. The results are the same bits either way: elementwise IEEE operations do not
+network stack, turning a sub-millisecond add into tens of milliseconds (benchmarks/README.md,
+"What made the ring fast"). The results are the same bits either way: elementwise IEEE operations do not
 depend on how the range is split.
 """
 

@@ -81,13 +81,12 @@ def ring_chunk_bytes(nbytes: int, world_size: int) -> int:
     the next step starts once the first chunk of this one has arrived, so the latency of each step,
     and the reduction of each chunk, hide behind the transfer of the rest. But every message
     costs tens of microseconds of Python on both ends, plus the event-loop wake-ups that come
-    with it, and where ranks share cores that CPU time sets the pace. Measured here: 64 KiB
-    chunks took 2-3 times as long as 1 MiB ones at 16 MB; on an idle host 4 chunks of 1 MiB beat
-    one of 4 MiB per segment by 10 % at 16 MB (the link idles while a whole segment is reduced and
-    handed on), while at 64 MB chunks of 4 MiB beat 1 MiB by 12 % (8-16 chunks per segment cost
-    more CPU than they hide). Hence: the old fixed 1 MiB for vectors up to ``4n`` MiB (one chunk
-    per step below ``n`` MiB, where latency rules and splitting gains nothing), and about four
-    chunks per segment above, up to 4 MiB each.
+    with it, and where ranks share cores that CPU time sets the pace: small chunks (64 KiB) cost
+    more than they hide, a whole segment as one chunk leaves the link idle while it is reduced and
+    handed on, and too many chunks per segment at large sizes cost more CPU than they hide
+    (benchmarks/README.md). Hence: 1 MiB for vectors up to ``4n`` MiB (one chunk per step below
+    ``n`` MiB, where latency rules and splitting gains nothing), and about four chunks per segment
+    above, up to 4 MiB each.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")

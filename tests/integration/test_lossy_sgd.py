@@ -6,10 +6,6 @@ never by the protocol.
   is within a binomial bound of the configured 10 %.
 * The no-resync control under the same loss drifts: its late drift is many times lossy_sgd's and grows.
 * The same digits MLP trained without loss (wan-5ms) ends within a few points of the lossy run's accuracy.
-
-Measured here (2-core host, nfqueue shaping, 400 iterations): lossy_sgd 61-72 s, loss 10.00-10.03 % over
-49 280 datagrams, drift late/mid 0.42-0.60 (late 1.3-1.6e-4); the control 63-79 s, late drift 0.26-0.59
-(growth 1.7-2.5); lossless 30-35 s; accuracy 0.960 with and without loss. The whole file: about 3.5 minutes.
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@ the one it is in. Each variant (ring all-reduce, D-PSGD, MATCHA) must reach the 
 slow nodes must finish fewer micro-batches than the fast ones and never trigger a synchronisation,
 and every worker's samples must add up: whole epochs of its shard, none lost or counted twice.
 A worker killed mid-run makes every other one fail (a transport error), not hang.
-
-Measured here (seeds 2 and 3, time until every worker's accuracy >= 0.9, votes every 5 steps): the
-non-blocking variants took 0.45-0.58x D-PSGD's time, 0.63-0.68x MATCHA's and 0.69-0.81x the ring's
-(steps of 0.12 s against 0.27 s for the gossip variants).
 """
 
 from __future__ import annotations

@@ -9,9 +9,6 @@ parameters and a small header over a transport in :mod:`~squall.protocols.al_dsg
 job, which feeds the algorithm its own loss, in :mod:`~squall.protocols.al_dsgd.job`.
 
 Status: experimental. The paper's weight formula and pull coefficients could not be read; ours
-are documented in :mod:`~squall.protocols.al_dsgd.rule`. On the scaled-down check T5.2 (8 workers, ring,
-digits split 2 labels per worker, lr 0.2, batch 16, wan-5ms, 300 steps, 2 seeds) our defaults
-ended at 0.921-0.923 mean accuracy against D-PSGD's 0.929-0.931, and the workers' mean reached
-0.9 after 180-240 steps against D-PSGD's 160, so they do not meet T5.2's accuracy line there;
-its time-to-target line is within the noise of a loaded host (6.4-7.1 s against 6.3-7.0 s).
+are documented in :mod:`~squall.protocols.al_dsgd.rule`, and how they fare on the scaled-down check
+T5.2 is in docs/protocols/al_dsgd.md.
 """
