@@ -114,6 +114,22 @@ def profile_seeds() -> list[bytes]:
     return seeds
 
 
+def trace_seeds() -> list[bytes]:
+    """The shipped link traces (as CSV, and the first as JSON), an availability table, hostile rows."""
+    traces = sorted((PROFILES / "traces").glob("*.csv"))
+    seeds = [b"\x00" + b"\n".join(path.read_bytes().splitlines()[:40]) for path in traces]
+    seeds += [
+        b"\x01" + b'[["time", "delay", "rate"], ["0s", "10ms", "1mbit"], ["1s", "5ms", "2mbit"]]',
+        b"\x01" + b'[{"time": "0s", "loss": "1%"}, {"time": "0.1s", "loss": {"percent": "2%"}}]',
+        b"\x02node,down,up\n1,2s,5s\n2,3s,\n",
+        b"\x03" + b'[{"node": 0, "down": "1s", "up": "2s"}]',
+        b"\x04time,jitter\n0s,1ms\n# comment\n\n59min,2ms\n",
+        b'\x00time,delay\n0s,"1ms\n',
+        b"\x01" + b"[" * 2000 + b"]" * 2000,
+    ]
+    return seeds
+
+
 def straggler_seeds() -> list[bytes]:
     """DropCompute's abort notices and AL-DSGD's parameters with their header, as whole frames."""
     notices = [encode_notice(12, "peer 5 lost", {5: "connection closed without BYE"}, round=12),
@@ -126,7 +142,7 @@ def straggler_seeds() -> list[bytes]:
 
 SEEDS: Final = {"wire": wire_seeds, "framing": framing_seeds, "udp": udp_seeds, "swarm": swarm_seeds,
                 "moshpit": moshpit_seeds, "compressed": compressed_seeds, "stragglers": straggler_seeds,
-                "profile": profile_seeds}
+                "profile": profile_seeds, "trace": trace_seeds}
 #: Inputs that once were findings (``regression-*``, kept by hand) stay when the seeds are rewritten.
 REGRESSION_PREFIX: Final = "regression-"
 

@@ -29,7 +29,8 @@ from typing import Final
 ROOT: Final = Path(__file__).resolve().parents[1]
 CORPUS: Final = ROOT / "fuzz" / "corpus"
 RESULTS: Final = Path(os.environ.get("FUZZ_RESULTS", ROOT / "results"))  # new corpus, artifacts
-TARGET_NAMES: Final = ("wire", "framing", "udp", "swarm", "moshpit", "compressed", "stragglers", "profile")
+TARGET_NAMES: Final = ("wire", "framing", "udp", "swarm", "moshpit", "compressed", "stragglers", "profile",
+                              "trace")
 PER_INPUT_SECONDS: Final = 1
 MEMORY_MB: Final = 64  # per input, above the process's baseline
 INSTRUMENTED: Final = ["squall.wire", "squall.transport", "squall.protocols.swarm", "squall.protocols.moshpit",

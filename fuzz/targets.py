@@ -11,6 +11,7 @@ decoder may allocate for one input is bounded by its own validated limits; see `
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Final
 
@@ -18,6 +19,8 @@ import numpy as np
 import torch
 
 from squall.profiles import ProfileError, parse_profile
+from squall.profiles.availability import parse_availability
+from squall.profiles.traces import parse_trace
 from squall.protocols.al_dsgd.exchange import HEADER_LEN, parse_header
 from squall.protocols.dropcompute.abort import decode_notice
 from squall.protocols.moshpit import messages as moshpit
@@ -147,6 +150,24 @@ def profile(data: bytes) -> None:
     parse_profile(data, "fuzz.yaml")
 
 
+def trace(data: bytes) -> None:
+    """A trace file's bytes -> a Trace (``squall/profiles/traces.py``) or availability events
+    (``availability.py``). The first byte picks the decoder and the format (bit 0: CSV or JSON,
+    bit 1: link or availability trace, bit 2: a loop period)."""
+    if not data:
+        return
+    mode, body = data[0], data[1:]
+    name = "fuzz.json" if mode & 1 else "fuzz.csv"
+    if mode & 2:
+        events = parse_availability(body, name)
+        assert all(e.duration_us is None or e.duration_us > 0 for e in events)
+        return
+    parsed = parse_trace(body, name, loop_us=3_600_000_000 if mode & 4 else None)
+    times = [row.at_us for row in parsed.rows]
+    assert times[0] == 0 and all(b - a >= 100_000 for a, b in itertools.pairwise(times))
+    assert all(len(row.values) == len(parsed.columns) for row in parsed.rows)
+
+
 TARGETS: Final[dict[str, Target]] = {
     "wire": (wire, (WireError,)),
     "framing": (framing, (WireError,)),
@@ -156,4 +177,5 @@ TARGETS: Final[dict[str, Target]] = {
     "compressed": (compressed, (WireError,)),
     "stragglers": (straggler_messages, (WireError, ValueError)),
     "profile": (profile, (ProfileError,)),
+    "trace": (trace, (ProfileError,)),
 }

@@ -23,6 +23,8 @@ from squall.profiles import (
     load_profile,
     profile_dirs,
 )
+from squall.profiles.profile import TracedScope
+from squall.profiles.traces import row_cells
 from squall.profiles.units import (
     UnitError,
     format_duration_us,
@@ -53,6 +55,8 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     show.add_argument("--workers", "-n", type=int, help=f"cluster size (default {DEFAULT_WORKERS} or more)")
     show.add_argument("--duration", type=_duration, default=DEFAULT_DURATION_S, help="run length for churn")
     show.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    show.add_argument("--rows", type=int, default=SHOWN_ROWS, metavar="N",
+                      help=f"trace rows to print per trace (default {SHOWN_ROWS}; 0: all)")
     show.set_defaults(func=cmd_show)
 
     validate = sub.add_parser("validate", help="check profile files; exit 2 if any is invalid")
@@ -65,6 +69,9 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="cluster size to check (repeatable; default 2 4 8 16)",
     )
     validate.set_defaults(func=cmd_validate)
+
+
+SHOWN_ROWS = 12  # trace rows `show` prints per trace unless told
 
 
 def _duration(text: str) -> float:
@@ -104,7 +111,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**data, "warnings": warnings}, indent=2))
         return 0
-    print(_report(profile, n, args.duration, warnings))
+    print(_report(profile, n, args.duration, warnings, args.rows))
     return 0
 
 
@@ -145,10 +152,42 @@ def _resolved(profile: Profile, n: int, duration: float) -> dict[str, object]:
         "epochs": epochs,
         "churn": [event.to_dict() for event in profile.churn_events(n, duration)],
         "devices": [profile.device(i, n).to_dict() for i in range(n)],
+        "traces": [_trace_data(scope) for scope in profile.traced_scopes()],
+        "change_times_s": list(profile.change_times(duration)),
     }
 
 
-def _report(profile: Profile, n: int, duration: float, warnings: list[str]) -> str:
+def _trace_data(scope: TracedScope) -> dict[str, object]:
+    """A traced scope as plain data: where, which file, and every row in the profile's units."""
+    trace = scope.trace
+    return {
+        "scope": scope.patch.origin.key,
+        "file": trace.file,
+        "start_s": scope.start_us / 1e6,
+        "end_s": None if scope.end_us is None else scope.end_us / 1e6,
+        "loop_s": None if trace.loop_us is None else trace.loop_us / 1e6,
+        "columns": ["time", *trace.columns],
+        "rows": [row_cells(trace, row) for row in trace.rows],
+    }
+
+
+def _traces_report(profile: Profile, rows_shown: int) -> list[str]:
+    """Each traced scope: what it replays, from when, and its rows (the first ``rows_shown``; 0: all)."""
+    out: list[str] = []
+    for scope in profile.traced_scopes():
+        trace = scope.trace
+        until = f" until {scope.end_us / 1e6:g}s" if scope.end_us is not None else ""
+        out += ["", f"trace at {scope.patch.origin.key} from {scope.start_us / 1e6:g}s{until}: {trace.describe()}"]
+        rows = trace.rows if rows_shown <= 0 else trace.rows[:rows_shown]
+        table = [["TIME", *(column.upper() for column in trace.columns)]]
+        table += [row_cells(trace, row) for row in rows]
+        out.append(format_table(table))
+        if len(rows) < len(trace.rows):
+            out.append(f"... {len(trace.rows) - len(rows)} more rows (--rows 0 prints all)")
+    return out
+
+
+def _report(profile: Profile, n: int, duration: float, warnings: list[str], rows_shown: int = SHOWN_ROWS) -> str:
     """The human-readable form of `show`."""
     out = [f"{profile.name}: {profile.description}", f"source: {profile.source}", f"workers: {n}"]
     if profile.regions.regions:
@@ -165,6 +204,7 @@ def _report(profile: Profile, n: int, duration: float, warnings: list[str]) -> s
         if shared:
             rows = [[str(i), _rate(s.uplink_bps), _rate(s.downlink_bps)] for i, s in shared]
             out += ["shared node rates:", format_table([["NODE", "UPLINK", "DOWNLINK"], *rows])]
+    out += _traces_report(profile, rows_shown)
     events = profile.churn_events(n, duration)
     out += ["", f"churn in the first {duration:g}s: {len(events) or 'none'}"]
     if events:

@@ -1,6 +1,7 @@
 """Churn: nodes killed, paused and restarted, links cut, the network partitioned, in time.
 
-``churn.events`` are written out one by one; ``churn.random`` entries are seeded random processes
+``churn.events`` are written out one by one (``churn.trace`` reads more of them from an availability
+trace, :mod:`.availability`); ``churn.random`` entries are seeded random processes
 that expand into concrete events once the number of workers and the run's duration are known.
 
 Random expansion: every eligible target (a node, or an unordered pair of nodes for ``link_down``)
@@ -367,8 +368,10 @@ class ChurnPlan:
 
 
 def parse_churn(origin: Origin, raw: object) -> ChurnPlan:
-    """Read ``churn: {events: [...], random: [...]}``."""
-    section = Section(origin, raw, ("events", "random"))
+    """Read ``churn: {events: [...], random: [...], trace: FILE}`` (``trace``: :mod:`.availability`)."""
+    from squall.profiles.availability import load_availability  # it builds this module's events
+
+    section = Section(origin, raw, ("events", "random", "trace"))
 
     def entries(key: str) -> list[tuple[Origin, object]]:
         if not section.has(key):
@@ -377,5 +380,7 @@ def parse_churn(origin: Origin, raw: object) -> ChurnPlan:
         return [(origin.at(key).at(i), item) for i, item in enumerate(items)]
 
     events = tuple(_scheduled(o, item) for o, item in entries("events"))
+    if section.has("trace"):
+        events += load_availability(origin.at("trace"), section.value("trace"))
     randoms = tuple(_random(o, item) for o, item in entries("random"))
     return ChurnPlan(origin, events, randoms)

@@ -21,9 +21,11 @@ from squall.profiles.errors import Origin, Section, expect_list
 from squall.profiles.regions import RegionSet
 from squall.profiles.selectors import NodeSelector, PairExpr, parse_pair, parse_selector, split_arrow
 from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS
+from squall.profiles.traces import Trace, load_trace
 
 KEY_OF_FIELD: Final = {field: setting.key for field, setting in BY_FIELD.items()}
 MIN_FIELDS: Final = frozenset(s.field for s in SETTINGS if s.narrowest)  # egress/ingress conflicts take the smaller
+TRACE_KEY: Final = "trace"  # a link scope's trace file, beside or instead of fixed settings
 
 
 @dataclass(frozen=True)
@@ -32,19 +34,39 @@ class LinkPatch:
 
     origin: Origin  # the section's key path, e.g. links.pairs[2]
     values: tuple[tuple[str, object], ...] = ()  # (LinkSpec field, parsed value) for each key written
+    trace: Trace | None = None  # a trace whose row in force sets its columns on top of ``values``
 
-    def items(self) -> list[tuple[str, object]]:
-        """The (LinkSpec field, value) pairs this section sets."""
-        return list(self.values)
+    def items(self, at_us: int = 0) -> list[tuple[str, object]]:
+        """The (LinkSpec field, value) pairs this section sets ``at_us`` after its trace started."""
+        if self.trace is None:
+            return list(self.values)
+        return [*self.values, *self.trace.values_at(at_us)]
+
+    def origin_of(self, field: str) -> Origin:
+        """Where ``field`` was set: its key, or the trace's key when the trace sets it."""
+        if self.trace is not None and field in self.trace.fields:
+            return self.origin.at(TRACE_KEY)
+        return self.origin.at(KEY_OF_FIELD[field])
 
 
 def parse_link_section(origin: Origin, raw: object, extra_keys: tuple[str, ...] = ()) -> LinkPatch:
-    """Read one mapping of link settings (plus ``extra_keys`` that the caller reads itself)."""
-    section = Section(origin, raw, (*extra_keys, *LINK_KEYS))
+    """Read one mapping of link settings (plus ``extra_keys`` that the caller reads itself).
+
+    ``trace:`` names a trace file (:mod:`.traces`) whose columns change over time; a key written
+    beside it must not be one of its columns (which would win is not obvious).
+    """
+    section = Section(origin, raw, (*extra_keys, *LINK_KEYS, TRACE_KEY))
     values = tuple(
         (s.field, s.parse(origin.at(s.key), section.value(s.key))) for s in SETTINGS if section.has(s.key)
     )
-    return LinkPatch(origin, values)
+    trace = load_trace(origin.at(TRACE_KEY), section.value(TRACE_KEY)) if section.has(TRACE_KEY) else None
+    if trace is not None:
+        for column in trace.columns:
+            if section.has(column):
+                raise origin.at(column).error(
+                    f"is also a column of the trace {trace.file}", value=section.value(column),
+                    allowed="each setting either fixed here or in the trace")
+    return LinkPatch(origin, values, trace)
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,19 @@ class LinkRules:
     between: tuple[BetweenRule, ...] = ()  # links across regions
     nodes: tuple[NodeRule, ...] = ()  # per-node egress/ingress
     pairs: tuple[PairRule, ...] = ()  # per-pair
+
+    def patches(self) -> list[LinkPatch]:
+        """Every link section of these rules, in scope order."""
+        found = [self.default] if self.default else []
+        found += [patch for _, patch in self.inside]
+        found += [rule.patch for rule in self.between]
+        for rule in self.nodes:
+            found += [p for p in (rule.egress, rule.ingress) if p is not None]
+        return found + [rule.patch for rule in self.pairs]
+
+    def traces(self) -> list[LinkPatch]:
+        """The link sections that replay a trace."""
+        return [patch for patch in self.patches() if patch.trace is not None]
 
     def selectors(self) -> list[NodeSelector]:
         """Every node selector written in these rules (to check them against n)."""

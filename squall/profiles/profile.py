@@ -4,6 +4,10 @@ Phases are **not cumulative**: from its ``at`` until the next phase starts, a ph
 applied on top of the base ``links`` (every key a phase sets for a link wins over whatever the base
 says for it, whatever scope either came from); the previous phase no longer counts. A phase with no
 ``links`` returns to the base.
+
+A link scope may replay a trace (:mod:`.traces`): its row in force sets the trace's columns, scope
+by scope like any other key. A trace in the base links counts from the start of the run, one in a
+phase from the start of that phase; every row start is a change time (:meth:`Profile.change_times`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from dataclasses import dataclass
 from squall.profiles.churn import REFERENCE_RUN_S, ChurnPlan
 from squall.profiles.devices import DeviceModel
 from squall.profiles.errors import Origin
-from squall.profiles.links import LinkRules
+from squall.profiles.links import LinkPatch, LinkRules
 from squall.profiles.model import ChurnEvent, DeviceSpec, LinkSpec, NodeLinkSpec
 from squall.profiles.regions import RegionSet
 from squall.profiles.resolve import Resolver, check_link, check_node_rules
 from squall.profiles.selectors import NodeSelector
+from squall.profiles.traces import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,21 @@ class Phase:
     def at_s(self) -> float:
         """Start in seconds."""
         return self.at_us / 1e6
+
+
+@dataclass(frozen=True)
+class TracedScope:
+    """A link section that replays a trace, and when: its trace's row 0 starts at ``start_us``."""
+
+    patch: LinkPatch  # the section (its origin names the scope, e.g. links.between[0])
+    start_us: int  # the start of the run (base links) or of the phase
+    end_us: int | None  # the start of the next phase, None: the end of the run
+
+    @property
+    def trace(self) -> Trace:
+        """The section's trace."""
+        assert self.patch.trace is not None
+        return self.patch.trace
 
 
 @dataclass(frozen=True)
@@ -76,13 +96,32 @@ class Profile:
         index = bisect.bisect_right([phase.at_s for phase in self.phases], at)
         return self.phases[index - 1] if index else None
 
-    def change_times(self) -> tuple[float, ...]:
-        """Times (seconds) at which link settings may change: the shaping layer re-applies links there."""
-        return tuple(phase.at_s for phase in self.phases)
+    def change_times(self, until: float | None = None) -> tuple[float, ...]:
+        """Times (seconds) before ``until`` at which link settings may change: phase starts and trace
+        rows (a looping trace's every pass). ``until`` None: one pass of every trace."""
+        until_us = round(until * 1e6) if until is not None else None
+        times = {phase.at_us for phase in self.phases}
+        for scope in self.traced_scopes():
+            end = scope.end_us
+            if end is None:
+                end = until_us if until_us is not None else scope.start_us + scope.trace.length_us + 1
+            elif until_us is not None:
+                end = min(end, until_us)
+            times.update(scope.start_us + t for t in scope.trace.change_times_us(end - scope.start_us))
+        return tuple(t / 1e6 for t in sorted(times) if t > 0 and (until_us is None or t < until_us))
+
+    def traced_scopes(self) -> list[TracedScope]:
+        """Every link section that replays a trace, with the time its trace starts and ends."""
+        found = [TracedScope(patch, 0, self.phases[0].at_us if self.phases else None)
+                 for patch in self.base.traces()]
+        for index, phase in enumerate(self.phases):
+            end = self.phases[index + 1].at_us if index + 1 < len(self.phases) else None
+            found += [TracedScope(patch, phase.at_us, end) for patch in phase.links.traces()]
+        return found
 
     def link(self, src: int, dst: int, n: int, at: float = 0.0) -> LinkSpec:
         """The effective settings of the directed link src -> dst in a cluster of n, at ``at`` seconds."""
-        resolver = self._resolver(src, dst, n, self.phase_at(at))
+        resolver = self._resolver(src, dst, n, self.phase_at(at), at)
         spec = resolver.build()
         check_link(spec, resolver)
         return spec
@@ -93,7 +132,7 @@ class Profile:
 
     def explain(self, src: int, dst: int, n: int, at: float = 0.0) -> dict[str, str]:
         """Which key path set each non-default field of the link (LinkSpec field -> key path)."""
-        resolver = self._resolver(src, dst, n, self.phase_at(at))
+        resolver = self._resolver(src, dst, n, self.phase_at(at), at)
         return {field: origin.key for field, origin in resolver.origins.items()}
 
     def node_link(self, node: int, n: int, at: float = 0.0) -> NodeLinkSpec:
@@ -166,14 +205,16 @@ class Profile:
         classes = self.node_classes(n)
         for phase in (None, *self.phases):
             check_node_rules(phase.links if phase else self.base, n)
-            # one link per pair of node classes, in the order of their first link, so an error names
-            # the same link as checking every link in order would; a warning counts all of the pair's links
-            for (src, dst), links in _class_pairs(classes):
-                resolver = self._resolver(src, dst, n, phase)
-                for warning in check_link(resolver.build(), resolver):
-                    grouped[warning] += links
             for node in range(n):
                 self.node_link(node, n, phase.at_s if phase else 0.0)
+        # every combination a run can see: each phase start and each trace row (one pass); one link
+        # per pair of node classes, in the order of their first link, so an error names the same
+        # link as checking every link in order would; a warning counts all of the pair's links
+        for at in (0.0, *self.change_times()):
+            for (src, dst), links in _class_pairs(classes):
+                resolver = self._resolver(src, dst, n, self.phase_at(at), at)
+                for warning in check_link(resolver.build(), resolver):
+                    grouped[warning] += links
         self.churn.scheduled(n)
         self.churn.check_draws(n, duration_s)
         for node in range(n):
@@ -183,16 +224,17 @@ class Profile:
             logger.warning("%s", warning)
         return warnings
 
-    def _resolver(self, src: int, dst: int, n: int, phase: Phase | None) -> Resolver:
-        """Accumulate the base links, then the phase's, for one directed link."""
+    def _resolver(self, src: int, dst: int, n: int, phase: Phase | None, at: float = 0.0) -> Resolver:
+        """Accumulate the base links, then the phase's, for one directed link, ``at`` seconds in."""
         _check_node(src, n)
         _check_node(dst, n)
         if src == dst:
             raise ValueError(f"a link needs two different nodes, got {src} -> {dst}")
+        at_us = round(at * 1e6)
         resolver = Resolver(src, dst, n)
-        resolver.apply_rules(self.base, self.regions)
+        resolver.apply_rules(self.base, self.regions, at_us)
         if phase is not None:
-            resolver.apply_rules(phase.links, self.regions)
+            resolver.apply_rules(phase.links, self.regions, at_us - phase.at_us)
         return resolver
 
     def node_classes(self, n: int) -> list[list[int]]:

@@ -21,6 +21,7 @@ class Resolver:
 
     def __init__(self, src: int, dst: int, n: int) -> None:
         self.src, self.dst, self.n = src, dst, n
+        self.at_us = 0  # time since the rules being applied started (their traces' clock)
         self.values: dict[str, object] = {}  # LinkSpec field -> value
         self.origins: dict[str, Origin] = {}  # LinkSpec field -> where it was set
 
@@ -33,9 +34,9 @@ class Resolver:
         """Let a section override what it sets."""
         if patch is None:
             return
-        for field, value in patch.items():
+        for field, value in patch.items(self.at_us):
             self.values[field] = value
-            self.origins[field] = patch.origin.at(KEY_OF_FIELD[field])
+            self.origins[field] = patch.origin_of(field)
 
     def apply_ends(self, egress: LinkPatch | None, ingress: LinkPatch | None) -> None:
         """Apply the sender's egress and the receiver's ingress, which are equally specific."""
@@ -43,8 +44,8 @@ class Resolver:
             self.apply(egress or ingress)
             return
         self.apply(egress)
-        egress_fields = dict(egress.items())
-        for field, value in ingress.items():
+        egress_fields = dict(egress.items(self.at_us))
+        for field, value in ingress.items(self.at_us):
             key = KEY_OF_FIELD[field]
             if field in egress_fields and field not in MIN_FIELDS:
                 raise ingress.origin.at(key).error(
@@ -56,10 +57,11 @@ class Resolver:
             if isinstance(previous, int) and isinstance(value, int) and previous <= value:
                 continue
             self.values[field] = value
-            self.origins[field] = ingress.origin.at(key)
+            self.origins[field] = ingress.origin_of(field)
 
-    def apply_rules(self, rules: LinkRules, regions: RegionSet) -> None:
-        """Apply one ``links:`` mapping, scope by scope."""
+    def apply_rules(self, rules: LinkRules, regions: RegionSet, at_us: int = 0) -> None:
+        """Apply one ``links:`` mapping, scope by scope, ``at_us`` after it started (for its traces)."""
+        self.at_us = at_us
         self.apply(rules.default)
         region_of = regions.region_of(self.n)
         src_region, dst_region = region_of.get(self.src), region_of.get(self.dst)

@@ -10,7 +10,6 @@ import pytest
 
 from squall.cli.profiles import add_subparser, main
 from squall.profiles import PROFILE_DIR
-from tests.unit.traced_profiles import uses_trace
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -75,8 +74,7 @@ def test_show_too_few_workers(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_validate_shipped(capsys: pytest.CaptureFixture[str]) -> None:
-    # The traced profiles wait for the trace loader (tests/unit/traced_profiles.py); put them back then.
-    files = sorted(str(p) for p in PROFILE_DIR.glob("*.yaml") if not uses_trace(p))
+    files = sorted(str(p) for p in PROFILE_DIR.glob("*.yaml"))
     code, out, _ = run(capsys, "validate", *files)
     assert code == 0
     assert out.count("ok ") == len(files)

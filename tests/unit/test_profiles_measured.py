@@ -23,7 +23,7 @@ import yaml
 
 from squall.profiles import PROFILE_DIR, Distribution, load_profile, parse_profile
 from squall.profiles.units import parse_duration_us, parse_percent, parse_rate_bps
-from tests.unit.traced_profiles import TRACE_LOADER, traced_paths
+from tests.unit.traced_profiles import traced_paths
 
 TRACE_DIR = PROFILE_DIR / "traces"
 MAKE_TRACES = TRACE_DIR / "make_traces.py"
@@ -244,7 +244,6 @@ def test_diloco_continents_without_traces() -> None:
     assert {spec.rate_bps for spec in profile.links(6).values()} == {1_000_000_000}
 
 
-@TRACE_LOADER
 @pytest.mark.parametrize("path", traced_paths(), ids=lambda p: p.stem)
 def test_traced_profiles_load(path: Path) -> None:
     profile = load_profile(path)

@@ -1,10 +1,4 @@
-"""Which shipped profiles give a link scope a ``trace:`` (issue 29), and the mark their loading tests carry.
-
-The profile loader does not read ``trace:`` yet; the profiles that use it are shipped already
-(``netem_profiles/README.md``, "Measured profiles"). Tests that load every shipped profile skip
-nothing: they mark these with ``TRACE_LOADER`` (a strict xfail), so the day the loader reads traces
-the marks fail and are removed.
-"""
+"""Which shipped profiles give a link scope a ``trace:`` (issue 29, ``squall/profiles/traces.py``)."""
 
 from __future__ import annotations
 
@@ -16,8 +10,6 @@ import pytest
 from squall.profiles import PROFILE_DIR
 
 _TRACE_KEY = re.compile(r"^[^#\n]*\btrace:", re.MULTILINE)
-
-TRACE_LOADER = pytest.mark.xfail(strict=True, reason="trace loader not yet on main")
 
 
 def uses_trace(path: Path) -> bool:
@@ -36,6 +28,5 @@ def traced_paths() -> list[Path]:
 
 
 def shipped_params() -> list[object]:
-    """Every shipped profile as a pytest parameter, the traced ones marked ``TRACE_LOADER``."""
-    return [pytest.param(path, id=path.stem, marks=[TRACE_LOADER] if uses_trace(path) else [])
-            for path in shipped_paths()]
+    """Every shipped profile as a pytest parameter named by its stem."""
+    return [pytest.param(path, id=path.stem) for path in shipped_paths()]
