@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, Shaper, ShapingError
 from squall.shaping.ops import NodePlan
-from squall.shaping.state import state_at
+from squall.shaping.changes import NotInPlace, TimedState
+from squall.shaping.state import link_timeline, state_at
 
 if TYPE_CHECKING:
     from squall.shaping.select import netem_available, netem_probe, open_shaper
@@ -50,10 +51,13 @@ __all__ = [
     "Endpoint",
     "LinkState",
     "NodePlan",
+    "NotInPlace",
     "Shaper",
     "ShapingError",
+    "TimedState",
     "netem_available",
     "netem_probe",
+    "link_timeline",
     "open_shaper",
     "state_at",
 ]

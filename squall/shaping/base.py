@@ -8,10 +8,10 @@ always receives the *whole* state, never a delta, so a backend may diff or rebui
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 
@@ -71,6 +71,21 @@ class Shaper(Protocol):
 
     def close(self) -> None:
         """:meth:`clear`, then stop helpers; safe to call twice."""
+
+
+@runtime_checkable
+class SchedulingShaper(Shaper, Protocol):
+    """A shaper that applies a whole run's link changes in place, from a real-time executor.
+
+    ``schedule`` plans every state of ``timeline`` (:class:`squall.shaping.changes.TimedState`, the
+    first at 0) on one tree, applies the first now and returns a
+    :class:`squall.shaping.timed.ChangeRun`; ``go(start)`` starts the clock, ``finish()`` returns
+    when each change was done. It raises :class:`squall.shaping.changes.NotInPlace` when the
+    timeline cannot be applied by changes alone.
+    """
+
+    def schedule(self, timeline: Sequence[Any]) -> Any:
+        """Plan, apply the first state, return the prepared run."""
 
 
 @runtime_checkable

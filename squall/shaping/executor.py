@@ -235,6 +235,22 @@ class Applier:
         if broken:
             raise ShapingError(f"nodes in an unknown shaping state: {broken}")
 
+    def ifindexes(self, index: int, devices: Sequence[str]) -> dict[str, int]:
+        """Interface index of each of ``devices`` in node ``index``'s namespace (for pre-encoded changes)."""
+        node = self.nodes[index]
+        if node.namespace is None or not devices:
+            return {}
+        with tc.TcSession(node.namespace, index) as session:
+            return {device: session.index(device) for device in devices}
+
+    def settle(self, plans: Mapping[int, NodePlan]) -> None:
+        """The kernel now holds ``plans`` (changed in place by someone else, e.g. the change executor)."""
+        for i, plan in plans.items():
+            node = self.nodes[i]
+            node.wanted = plan
+            if node.namespace is not None:
+                node.tc = plan.tc
+
     def live(self) -> list[int]:
         """Nodes whose namespace is known and still there."""
         return [i for i, n in self.nodes.items() if n.namespace is not None]

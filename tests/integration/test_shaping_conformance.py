@@ -49,7 +49,9 @@ from squall.calibration.verdicts import (
 from squall.checks.verdict import Validity
 from squall.cluster import Cluster
 from squall.profiles import Profile, profile_from_data
-from squall.shaping import LinkState, Shaper, netem_probe, open_shaper, state_at
+from squall.shaping import LinkState, Shaper, link_timeline, netem_probe, open_shaper, state_at
+from squall.shaping.base import SchedulingShaper
+from squall.shaping.timed import ChangeRun
 from tests import kernel_clients
 from tests.timing import StallCanary, canary_bound_us, judged
 
@@ -226,12 +228,15 @@ def _last_old(samples: list[Sample], middle_us: float) -> float:
     return max((s.send_wall for s in samples if s.forward_us < middle_us), default=-math.inf)
 
 
-def _apply_at(shaper: Shaper, profile: Profile, at: float, start_wall: float) -> float:
-    """Apply the profile's links of time ``at`` when the wall clock reaches ``start_wall + at``."""
-    due = start_wall + at
-    time.sleep(max(0.0, due - time.time()))
-    shaper.apply(state_at(profile, N, at))
-    return due
+def _schedule(shaper: Shaper, profile: Profile, duration: float) -> ChangeRun:
+    """The profile's changes planned in place, its first state applied (what a run does)."""
+    assert isinstance(shaper, SchedulingShaper)
+    return shaper.schedule(link_timeline(profile, N, duration))
+
+
+def _go_at_wall(changes: ChangeRun, start_wall: float) -> None:
+    """Start the changes' clock at wall time ``start_wall`` (the probe's t = 0)."""
+    changes.go(time.monotonic() + (start_wall - time.time()))
 
 
 def _steady(state: LinkState) -> LinkState:
@@ -250,10 +255,13 @@ def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tu
     policy = stalls.policy()
     tries = []
     for _ in range(policy.tries):  # probed again while the host stalled too many packets to judge a delay
-        shaper.apply(before)
+        changes = _schedule(shaper, PHASED, 2.5)  # the instrument of a run: planned ahead, sent at real-time priority
         run = start_udp(cluster, EVERY, count=int(2.5 * RATE_PPS), rate_pps=RATE_PPS, wait_s=0.5)
-        due = _apply_at(shaper, PHASED, PHASE_AT_S, run.start_wall)
+        _go_at_wall(changes, run.start_wall)
+        due = run.start_wall + PHASE_AT_S
         obs, results = finish_udp(run, EVERY)
+        applied = changes.finish()
+        assert [a.index for a in applied] == [1] and not applied[0].errors, applied
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
         if stalled_fraction(steady, obs) <= policy.probe_share:

@@ -22,17 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
 from squall.shaping.executor import Applier, endpoint_of, locked
 from squall.shaping.ops import NodePlan, QdiscOp, RuleOp, TcOp
 from squall.shaping.plan import tee_rule, validated
+from squall.shaping.scheduled import Applied, Schedule, ScheduleProcess
+from squall.shaping.timed import ChangeRun, netlink_batches
 
 from .leaf import Netem
-from .plan import plan_netem
+from .plan import needs_netem, plan_netem
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +106,49 @@ class NetemShaper:
         self._applier.elsewhere(endpoint)
         if self._state is not None and old.address != endpoint.address:
             self.apply(self._state)
+
+    @locked
+    def schedule(self, timeline: Sequence[TimedState]) -> ChangeRun:
+        """Plan every change of a run in place, apply the first state now; the rest go out, once
+        :meth:`ChangeRun.go` is called, from the real-time change executor (:mod:`..scheduled`).
+
+        :raises NotInPlace: when the timeline would change the shape of the tree (the caller then
+            applies it the old way).
+        """
+        self._require_open()
+        eps = list(self._endpoints.values())
+        keep = Keep(leaves=pairs_ever(timeline, needs_netem))
+
+        def planner(state: LinkState, kept: Keep) -> dict[int, NodePlan]:
+            return duplication_by_tee(plan_netem(eps, state, kept.leaves), self._endpoints, state)
+
+        planned = plan_in_place(timeline, planner, keep)
+        self._applier.apply(planned[0].plans)
+        self._state = timeline[0].state
+        namespaces, batches = netlink_batches(planned, self._applier)
+
+        def launch(schedule: Schedule) -> Callable[[], list[Applied]]:
+            workdir = Path(tempfile.mkdtemp(prefix=f"squall-changes-{self.run_id}-"))
+            try:
+                process = ScheduleProcess(schedule, workdir)
+            except BaseException:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise
+
+            def stop() -> list[Applied]:
+                try:
+                    return process.stop()
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            return stop
+
+        def settle(last: int) -> None:
+            with self._lock:
+                self._applier.settle(planned[last].plans)
+                self._state = planned[last].state
+
+        return ChangeRun(planned, namespaces, batches=batches, links=[()] * len(planned), launch=launch,
+                         settle=settle)
 
     def check(self) -> None:
         """Raise if a node was left in an unknown state; netem itself cannot die."""

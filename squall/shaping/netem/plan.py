@@ -90,8 +90,12 @@ def queue_limit(spec: LinkSpec, rate_bps: int | None, floor: int) -> int:
     return min(MAX_LIMIT, max(floor, math.ceil(LIMIT_HEADROOM * in_flight)))
 
 
-def plan_netem(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NodePlan]:
-    """Per-node operations for the netem backend (HTB + u32 + netem leaves; DROP for cut links)."""
+def plan_netem(endpoints: Sequence[Endpoint], state: LinkState,
+               keep: frozenset[tuple[int, int]] = frozenset()) -> dict[int, NodePlan]:
+    """Per-node operations for the netem backend (HTB + u32 + netem leaves; DROP for cut links).
+
+    ``keep``: links that get their class and leaf even while perfect (a run's changes are then all
+    in place, :mod:`squall.shaping.changes`)."""
     eps = validated(endpoints, state)
     check_links(state, "netem")
     plans: dict[int, NodePlan] = {}
@@ -100,7 +104,7 @@ def plan_netem(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, Nod
         leaves: dict[int, Leaf] = {}
         for dst in eps:
             spec = link_spec(state, ep.index, dst)
-            if dst != ep.index and needs_netem(spec):
+            if dst != ep.index and (needs_netem(spec) or (ep.index, dst) in keep):
                 rate = limiting_rate(spec.rate_bps, caps.uplink_bps)
                 leaves[dst] = (spec.rate_bps, netem_qdisc(spec, rate))
         tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)

@@ -29,24 +29,29 @@ lifeline closes, so a run is never reported as shaped when it was not.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
 from squall.shaping.executor import Applier, endpoint_of, locked
 from squall.shaping.netns import same_namespace
 from squall.shaping.plan import validated
+from squall.shaping.scheduled import Applied, Schedule
+from squall.shaping.timed import ChangeRun, netlink_batches
 
 from . import hold, hold_plan
-from .config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
+from .config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec, to_jsonable
 from .errors import NfqueueError
 from .hold_plan import HoldRule, QueueBlock
 from .launcher import DaemonProcess
 from .leftovers import make_workdir
-from .plan import NfqueuePlan, plan_nfqueue
+from .plan import NfqueuePlan, delays_in_daemon, link_params, plan_nfqueue
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +184,10 @@ class NfqueueShaper:
         """Make the links behave as ``state`` says; all or nothing."""
         self._require_open()
         self.check()
+        self._apply_plans(state, plan_nfqueue(list(self._endpoints.values()), state))
+
+    def _apply_plans(self, state: LinkState, plans: dict[int, NfqueuePlan]) -> None:
         t0 = time.monotonic()
-        plans = plan_nfqueue(list(self._endpoints.values()), state)
         block = self._bind()
         before = dict(self._links)
         held = self._hold.rules
@@ -197,6 +204,63 @@ class NfqueueShaper:
         self._state = state
         logger.info("nfqueue: applied %d links on %d nodes in %.1f ms", len(state.links), len(plans),
                     (time.monotonic() - t0) * 1e3)
+
+    @locked
+    def schedule(self, timeline: Sequence[TimedState]) -> ChangeRun:
+        """Plan every change of a run in place and apply the first state now; the rest are handed to
+        the delay daemon (already SCHED_FIFO) once :meth:`ChangeRun.go` is called: at each due time
+        it sets the links' parameters and sends the HTB changes it was given in advance.
+
+        :raises NotInPlace: when the timeline would change the shape of the tree or the hold rules.
+        """
+        self._require_open()
+        self.check()
+        eps = list(self._endpoints.values())
+        keep = Keep(leaves=pairs_ever(timeline, lambda spec: spec.rate_bps is not None),
+                    queues=pairs_ever(timeline, lambda spec: delays_in_daemon(link_params(spec))))
+
+        def planner(state: LinkState, kept: Keep) -> dict[int, NfqueuePlan]:
+            return plan_nfqueue(eps, state, leaves=kept.leaves, queues=kept.queues)
+
+        planned = plan_in_place(timeline, planner, keep)
+        self._apply_plans(timeline[0].state, dict(planned[0].plans))  # type: ignore[arg-type]
+        block = self._bind()
+        namespaces, batches = netlink_batches(planned, self._applier)
+        wanted = [self._wanted_links(dict(change.plans)) for change in planned]  # type: ignore[arg-type]
+        links: list[list[dict[str, object]]] = [[]]
+        for before, after in itertools.pairwise(wanted):
+            links.append([{"namespace": namespace_name(rcv), "queue": block.queue(rcv, src),
+                           "link": to_jsonable(params)}
+                          for (rcv, src), params in sorted(after.items()) if before.get((rcv, src)) != params])
+
+        def launch(schedule: Schedule) -> Callable[[], list[Applied]]:
+            path = Path(self._workdir) / f"schedule-{time.monotonic_ns()}.json"
+            path.write_text(schedule.to_json())
+            try:
+                with self._daemon.client() as client:
+                    client.schedule(str(path))
+            except NfqueueError as exc:
+                path.unlink(missing_ok=True)
+                raise ShapingError(f"the delay daemon refused the schedule: {exc}") from exc
+
+            def stop() -> list[Applied]:
+                try:
+                    with self._daemon.client() as client:
+                        return [Applied.from_dict(item) for item in client.schedule_stop()]
+                except NfqueueError as exc:
+                    logger.warning("nfqueue: stopping the schedule: %s", exc)
+                    return []
+                finally:
+                    path.unlink(missing_ok=True)
+            return stop
+
+        def settle(last: int) -> None:
+            with self._lock:
+                self._applier.settle(planned[last].plans)
+                self._links.update(wanted[last])
+                self._state = planned[last].state
+
+        return ChangeRun(planned, namespaces, batches=batches, links=links, launch=launch, settle=settle)
 
     @locked
     def clear(self) -> None:

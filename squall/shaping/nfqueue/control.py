@@ -16,6 +16,13 @@ Commands (request -> answer; every answer has ``"ok"``, failures carry ``"error"
 ``{"cmd": "add_namespace", "namespace": {"name": ..., "netns": ..., "queues": [...]}}``
 ``{"cmd": "remove_namespace", "name": ...}``
     Releases what it holds, unbinds its queues.
+``{"cmd": "schedule", "file": PATH}``
+    Reads a run's scheduled changes (:class:`squall.shaping.scheduled.Schedule`) from the file the
+    harness wrote and applies each at its due time from the event loop (link parameters, then the
+    HTB changes through netlink sockets opened now in the containers' namespaces).
+    -> ``{"ok": true, "entries": 12}``
+``{"cmd": "schedule_stop"}``
+    Drops the changes not yet due. -> ``{"ok": true, "applied": [{index, due_ns, done_ns, errors}]}``
 ``{"cmd": "shutdown"}``
     Answers first, then releases everything, unbinds and exits 0; wait for the process (or
     ``stopped`` on the lifeline, see :mod:`.launcher`) to know it is done.
@@ -99,6 +106,15 @@ class ControlClient:
     def remove_namespace(self, name: str) -> dict[str, Any]:
         """Stop serving a namespace; what it held is released first."""
         return self.request({"cmd": "remove_namespace", "name": name})
+
+    def schedule(self, path: str) -> dict[str, Any]:
+        """Hand the daemon a run's scheduled changes (a file written by the harness)."""
+        return self.request({"cmd": "schedule", "file": path})
+
+    def schedule_stop(self) -> list[dict[str, Any]]:
+        """Stop the schedule; every change it did."""
+        applied = self.request({"cmd": "schedule_stop"}).get("applied", [])
+        return list(applied) if isinstance(applied, list) else []
 
     def shutdown(self) -> dict[str, Any]:
         """Ask the daemon to release everything and exit 0."""

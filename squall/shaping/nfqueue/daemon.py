@@ -47,8 +47,10 @@ import os
 import resource
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from squall.shaping.scheduled import Agenda, Applied, NetlinkSenders, Schedule, apply_entry
 
 from .config import DaemonConfig, LinkParams, NamespaceSpec, link_from_dict, namespace_from_dict
 from .engine import LinkModel
@@ -84,6 +86,9 @@ class Daemon:
         self.wakeups = 0
         self.sends = 0
         self._extra_fds: dict[int, Callable[[], None]] = {}
+        self._agenda: Agenda | None = None  # scheduled link changes (the ``schedule`` command)
+        self._senders: NetlinkSenders | None = None  # their netlink sockets, one per namespace
+        self._applied: list[Applied] = []  # what the schedule did, and when
         self._epoll.register(self._timer.fileno(), select.EPOLLIN)
         self._server: ControlServer | None = None
         self._commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -93,6 +98,8 @@ class Daemon:
             "add_namespace": self._cmd_add_namespace,
             "remove_namespace": self._cmd_remove_namespace,
             "shutdown": self._cmd_shutdown,
+            "schedule": self._cmd_schedule,
+            "schedule_stop": self._cmd_schedule_stop,
         }
 
     # ------------------------------------------------------------------ setup
@@ -162,6 +169,9 @@ class Daemon:
 
     def _pass(self) -> None:
         nxt = self._timeline.next_time()
+        change = self._agenda.next_due_ns() if self._agenda is not None else None
+        if change is not None:
+            nxt = min(nxt, change // 1000)
         if nxt == NEVER:
             self._timer.disarm()
         else:
@@ -178,6 +188,8 @@ class Daemon:
                 self._server.on_readable(fd)
             elif fd in self._extra_fds:
                 self._extra_fds[fd]()
+        if self._agenda is not None:
+            self._run_agenda()
         self._release_due()
         self._flush()
 
@@ -205,6 +217,12 @@ class Daemon:
             nxt = state.held.next_release()
             if nxt != NEVER:
                 note(state.index, nxt)
+
+    def _run_agenda(self) -> None:
+        """Apply the scheduled changes that are due: link parameters, then the HTB changes."""
+        assert self._agenda is not None and self._senders is not None
+        for entry in self._agenda.due(time.monotonic_ns()):
+            self._applied.append(apply_entry(entry, self._senders, self._set_links))
 
     def _release_due(self) -> None:
         now = now_us()
@@ -237,6 +255,8 @@ class Daemon:
                     break
         for name in list(self._namespaces):
             self.remove_namespace(name)
+        if self._senders is not None:
+            self._senders.close()
         if self._server is not None:
             self._server.close()
         self._timer.close()
@@ -265,6 +285,10 @@ class Daemon:
         items = request.get("links")
         if not isinstance(items, list):
             raise ConfigError("set_links needs a list 'links'")
+        return {"ok": True, "applied": self._set_links(items), "monotonic_us": now_us()}
+
+    def _set_links(self, items: Sequence[Any]) -> int:
+        """Validate every item, then change every link (all or nothing); the number changed."""
         updates: list[tuple[QueueState, LinkParams, int | None]] = []
         for i, item in enumerate(items):  # validate everything before changing anything
             if not isinstance(item, dict):
@@ -285,7 +309,29 @@ class Daemon:
             state.spec = dataclasses.replace(
                 state.spec, link=params, seed=state.spec.seed if seed is None else seed
             )
-        return {"ok": True, "applied": len(updates), "monotonic_us": now_us()}
+        return len(updates)
+
+    def _cmd_schedule(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Take a run's scheduled changes (:mod:`squall.shaping.scheduled`) from the file the harness wrote."""
+        if self._agenda is not None:
+            raise ConfigError("a schedule is already running; send schedule_stop first")
+        path = request.get("file")
+        if not isinstance(path, str):
+            raise ConfigError("schedule needs 'file', the schedule's path")
+        with open(path, "rb") as handle:
+            schedule = Schedule.from_json(handle.read())
+        self._senders = NetlinkSenders(schedule.namespaces)
+        self._agenda = Agenda(schedule.entries)
+        self._applied = []
+        return {"ok": True, "entries": len(self._agenda)}
+
+    def _cmd_schedule_stop(self, _: dict[str, Any]) -> dict[str, Any]:
+        """Drop what is not due yet; answer with every change done."""
+        applied = [a.to_dict() for a in self._applied]
+        if self._senders is not None:
+            self._senders.close()
+        self._agenda, self._senders, self._applied = None, None, []
+        return {"ok": True, "applied": applied}
 
     def _cmd_stats(self, request: dict[str, Any]) -> dict[str, Any]:
         total = Histogram()

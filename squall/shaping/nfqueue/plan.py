@@ -26,7 +26,7 @@ from typing import Any
 from squall.profiles import LinkSpec
 from squall.profiles.settings import Carrier, carried_by
 from squall.shaping.base import Endpoint, LinkState, ShapingError
-from squall.shaping.convert import FIFO_LIMIT_FLOOR, MAX_LIMIT, MTU_BITS, label
+from squall.shaping.convert import FIFO_LIMIT_FLOOR, MAX_LIMIT, MTU_BITS, UNLIMITED_BPS, label
 from squall.shaping.ops import NodePlan, Pfifo
 from squall.shaping.plan import (
     Leaf,
@@ -117,33 +117,40 @@ def fifo_limit(spec: LinkSpec, rate_bps: int) -> int:
     return min(MAX_LIMIT, max(FIFO_LIMIT_FLOOR, math.ceil(rate_bps * FIFO_BUFFER_S / MTU_BITS)))
 
 
-def receive_queues(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[QueueOp]:
-    """Into ``node``: one daemon queue per source whose link the daemon must shape."""
+def receive_queues(node: int, state: LinkState, eps: Mapping[int, Endpoint],
+                   keep: frozenset[tuple[int, int]] = frozenset()) -> list[QueueOp]:
+    """Into ``node``: one daemon queue per source whose link the daemon must shape (or ``keep`` keeps)."""
     queues = []
     for src in eps:
         if src == node:
             continue
         params = link_params(link_spec(state, src, node), label(src, node))
-        if delays_in_daemon(params):
+        if delays_in_daemon(params) or (src, node) in keep:
             queues.append(QueueOp(src, eps[src].address, params))
     return queues
 
 
-def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, NfqueuePlan]:
-    """Per-node operations for the nfqueue backend (HTB rates, DROP and TEE rules) and the daemon's queues."""
+def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState, *, leaves: frozenset[tuple[int, int]] = frozenset(),
+                 queues: frozenset[tuple[int, int]] = frozenset()) -> dict[int, NfqueuePlan]:
+    """Per-node operations for the nfqueue backend (HTB rates, DROP and TEE rules) and the daemon's queues.
+
+    ``leaves`` and ``queues``: links that keep a rate class (unlimited while they have no rate) and
+    a daemon queue (perfect while it has nothing to do) even when they need none, so a run's changes
+    are all in place (:mod:`squall.shaping.changes`)."""
     eps = validated(endpoints, state)
     check_links(state, "nfqueue")
     plans: dict[int, NfqueuePlan] = {}
     for ep in eps.values():
         caps = caps_of(state, ep.index)
-        leaves: dict[int, Leaf] = {}
+        tree: dict[int, Leaf] = {}
         for dst in eps:
             spec = link_spec(state, ep.index, dst)
-            if dst != ep.index and spec.rate_bps is not None:
-                limit = fifo_limit(spec, min(spec.rate_bps, caps.uplink_bps or spec.rate_bps))
-                leaves[dst] = (spec.rate_bps, Pfifo(limit))
-        tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
+            if dst != ep.index and (spec.rate_bps is not None or (ep.index, dst) in leaves):
+                rate = spec.rate_bps if spec.rate_bps is not None else UNLIMITED_BPS
+                limit = fifo_limit(spec, min(rate, caps.uplink_bps or rate))
+                tree[dst] = (spec.rate_bps, Pfifo(limit))
+        tc = egress_tree(ep.device, tree, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
         rules = drop_rules(ep.index, state, eps) + tee_rules(ep.index, state, eps)
-        queues = receive_queues(ep.index, state, eps)
-        plans[ep.index] = NfqueuePlan(ep.index, ep.device, tuple(tc), tuple(rules), tuple(queues))
+        held = receive_queues(ep.index, state, eps, queues)
+        plans[ep.index] = NfqueuePlan(ep.index, ep.device, tuple(tc), tuple(rules), tuple(held))
     return plans
