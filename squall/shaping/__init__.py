@@ -22,8 +22,8 @@ imports them: ``open_shaper``, ``netem_probe`` and ``host_leftovers`` are the wa
 from typing import TYPE_CHECKING, Any
 
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, Shaper, ShapingError
-from squall.shaping.ops import NodePlan
 from squall.shaping.changes import NotInPlace, TimedState
+from squall.shaping.ops import NodePlan
 from squall.shaping.state import link_timeline, state_at
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ __all__ = [
     "Shaper",
     "ShapingError",
     "TimedState",
+    "link_timeline",
     "netem_available",
     "netem_probe",
-    "link_timeline",
     "open_shaper",
     "state_at",
 ]
