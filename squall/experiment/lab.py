@@ -24,11 +24,15 @@ from squall.cluster.cluster import SRC_MOUNT, JobHandle
 from squall.cluster.image import REPO_ROOT as SQUALL_ROOT
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import default_engine
+from squall.experiment.realised import change_records, churn_records, replayed
 from squall.experiment.timeline import Action, TimelineRunner, plan_timeline
-from squall.profiles import Profile, load_profile
+from squall.profiles import load_profile
 from squall.progress import Observer, Quiet
 from squall.protocols.catalog import lookup
-from squall.shaping import Shaper, state_at
+from squall.shaping import NotInPlace, Shaper, TimedState, link_timeline
+from squall.shaping.base import SchedulingShaper
+from squall.shaping.scheduled import Applied
+from squall.shaping.timed import ChangeRun
 from squall.trace import RunTrace, build_trace
 
 logger = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ class RunSpec:
     lr: float = 0.5  # learning rate
     batch_size: int = 32  # per-worker batch
     config: Mapping[str, Any] = field(default_factory=dict)  # further job config (e.g. ballast_mb, eval_every)
+    replay: Mapping[str, Any] | None = None  # a recorded timeline (meta["timeline"]) to run instead of the profile's
 
     def __post_init__(self) -> None:
         if self.steps is None and self.seconds is None:
@@ -133,24 +138,38 @@ class Lab:
         profile = load_profile(spec.profile)
         profile.validate_for(self.workers)
         self.progress.stage("shaping", f"{spec.protocol} on {profile.name}")
-        shaper.apply(state_at(profile, self.workers, 0.0))
         proto = lookup(spec.protocol)
         config = self._config(spec, proto.config)
         per_node = {i: {"device": {**profile.device(i, self.workers).to_dict(), "seed": spec.seed}}
                     for i in range(self.workers)}
         duration = spec.seconds if spec.seconds is not None else 600.0
-        actions = plan_timeline(profile, self.workers, duration)
+        if spec.replay is not None:
+            states, node_actions = replayed(spec.replay, self.workers)
+        else:
+            states = link_timeline(profile, self.workers, duration)
+            node_actions = [a for a in plan_timeline(profile, self.workers, duration) if a.kind != "reshape"]
+        changes = _schedule(shaper, states)
+        actions = sorted([*node_actions, *([] if changes else [
+            Action(t.at_s, "reshape", label=t.label, change=i) for i, t in enumerate(states) if i > 0])],
+            key=lambda a: (a.at_s, a.kind != "reshape"))
         start_wall, start = time.time(), time.monotonic()
-        handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
-                                   timeout=duration + GRACE_S)
-        rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
-                         duration=duration) if proto.rejoins else None
-        self.progress.stage("training", f"{spec.protocol} on {profile.name}, job {handle.job_id}")
-        files = [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
-        with self.progress.watching(files, budget_s=spec.seconds, budget_steps=spec.steps), \
-                TimelineRunner(actions, lambda a: self._do(a, profile, cluster, shaper, rejoin),
-                               start=start) as timeline:
-            first = handle.wait(raise_on_failure=False)
+        try:
+            if changes is not None:
+                changes.go(start)
+            handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
+                                       timeout=duration + GRACE_S)
+            rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
+                             duration=duration) if proto.rejoins else None
+            self.progress.stage("training", f"{spec.protocol} on {profile.name}, job {handle.job_id}")
+            files = [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
+            with self.progress.watching(files, budget_s=spec.seconds, budget_steps=spec.steps), \
+                    TimelineRunner(actions, lambda a: self._do(a, states, cluster, shaper, rejoin),
+                                   start=start) as timeline:
+                first = handle.wait(raise_on_failure=False)
+        finally:
+            applied = changes.finish() if changes is not None else []
+        realised = _realised(states, applied, timeline.done, start=start, in_place=changes is not None)
+        realised.update({"duration_s": duration, "replayed": spec.replay is not None})
         self.progress.stage("collecting", f"{spec.protocol} on {profile.name}")
         later = rejoin.wait() if rejoin is not None else []
         lives = incarnations(first, later)
@@ -168,7 +187,10 @@ class Lab:
         self._recover(cluster, shaper)
         meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
                 "budget_steps": spec.steps, "failures": [r.describe() for runs in lives for r in runs if not r.ok],
-                "summaries": [r.value for r in results], "timeline_lateness_s": timeline.lateness,
+                "summaries": [r.value for r in results],
+                "timeline_lateness_s": [c["lateness_s"] for c in realised["changes"][1:]]
+                + [t - a.at_s for a, t in timeline.done if a.kind != "reshape"],
+                "timeline": realised, "profile_source": profile.source, "seed": spec.seed,
                 "rejoined": sorted({r.node for r in later}), "engine": cluster.engine,
                 "placement": [cluster.placement().get(i, "?") for i in range(self.workers)],
                 "clock_offsets_s": cluster.clock_offsets()}
@@ -189,10 +211,10 @@ class Lab:
         config.update(spec.config)
         return config
 
-    def _do(self, action: Action, profile: Profile, cluster: ClusterBackend, shaper: Shaper,
+    def _do(self, action: Action, states: Sequence[TimedState], cluster: ClusterBackend, shaper: Shaper,
             rejoin: _Rejoin | None = None) -> None:
         if action.kind == "reshape":
-            shaper.apply(state_at(profile, self.workers, action.at_s))
+            shaper.apply(states[action.change].state)
             return
         for node in action.nodes:
             if action.kind == "kill":
@@ -222,6 +244,32 @@ class Lab:
         if self.cluster is None or self.shaper is None:
             raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
         return self.cluster, self.shaper
+
+
+def _realised(states: Sequence[TimedState], applied: Sequence[Applied], done: Sequence[tuple[Action, float]], *,
+              start: float, in_place: bool) -> dict[str, Any]:
+    """The run's realised timeline (:mod:`.realised`): each link change done and each churn action run."""
+    done_at: dict[int, tuple[float, Sequence[str]]] = {0: (0.0, ())}
+    done_at.update({a.index: (a.done_ns / 1e9 - start, a.errors) for a in applied})
+    done_at.update({a.change: (t, ()) for a, t in done if a.kind == "reshape"})
+    for a in applied:
+        if a.errors:
+            logger.warning("link change %d (%s) at %.3f s: %s", a.index, states[a.index].label,
+                           states[a.index].at_s, "; ".join(a.errors))
+    return {"in_place": in_place, "changes": change_records(states, done_at), "churn": churn_records(done)}
+
+
+def _schedule(shaper: Shaper, states: Sequence[TimedState]) -> ChangeRun | None:
+    """Apply the first state and prepare the others as in-place changes sent at real-time priority;
+    None (the first state applied the old way) when the shaper cannot or the timeline is not in place."""
+    if len(states) > 1 and isinstance(shaper, SchedulingShaper):
+        try:
+            changes: ChangeRun = shaper.schedule(states)
+            return changes
+        except NotInPlace as exc:
+            logger.warning("link changes applied one by one by the harness, not in place: %s", exc)
+    shaper.apply(states[0].state)
+    return None
 
 
 class _Rejoin:

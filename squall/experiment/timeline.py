@@ -1,8 +1,11 @@
-"""What happens during a run, and when: link changes (phases, link churn) and node churn.
+"""What happens during a run, and when: link changes (phases, traces, link churn) and node churn.
 
 :func:`plan_timeline` is pure: profile + cluster size + duration -> sorted :class:`Action` list.
-:class:`TimelineRunner` executes it in a thread against a cluster and a shaper, on the run's clock,
-and records what it did (with the time it did it) for the trace and the report.
+Link changes are planned ahead and sent by the shaper's real-time executor
+(:meth:`squall.shaping.base.SchedulingShaper.schedule`); what is left for :class:`TimelineRunner`
+is node churn (docker kill, pause, restart), and link changes only when a timeline cannot be
+applied in place. It executes its actions in a thread on the run's clock and records what it did
+(with the time it did it) for the trace and the report.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Action:
     kind: str  # "reshape" (apply the profile's link state at at_s) or a node churn kind
     nodes: tuple[int, ...] = ()  # nodes of a node churn action
     label: str = ""  # what caused it (phase, churn kind) for the trace
+    change: int = -1  # a reshape: the index of the state it applies in the run's link timeline
 
 
 def plan_timeline(profile: Profile, n: int, duration: float) -> list[Action]:
@@ -54,6 +58,7 @@ class TimelineRunner:
         self.marks: list[ChurnMark] = []
         self.errors: list[str] = []
         self.lateness: list[float] = []  # seconds each action ran after its time
+        self.done: list[tuple[Action, float]] = []  # each action run, with the time it ran (from the start)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="squall-timeline", daemon=True)
 
@@ -76,4 +81,5 @@ class TimelineRunner:
                 logger.exception("timeline action %s failed", action)
                 self.errors.append(f"{action.kind} {list(action.nodes)} at {action.at_s:.1f} s: {exc}")
             self.lateness.append(t - action.at_s)
+            self.done.append((action, t))
             self.marks.append(ChurnMark(t, action.label or action.kind, action.nodes))
