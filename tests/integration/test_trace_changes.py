@@ -10,6 +10,7 @@ stream never resets, and the byte counter of the link's HTB class, read all alon
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import threading
@@ -115,4 +116,4 @@ def test_a_tcp_stream_survives_50_changes_in_place(cluster: Cluster, shaper: Sha
     assert all(not a.errors for a in applied), [a.errors for a in applied if a.errors]
     readings = counter.readings
     assert len(readings) >= 20 and readings[-1] > readings[0], readings
-    assert all(b >= a for a, b in zip(readings, readings[1:], strict=False)), f"the class was re-created: {readings}"
+    assert all(b >= a for a, b in itertools.pairwise(readings)), f"the class was re-created: {readings}"
