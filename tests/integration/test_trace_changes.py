@@ -72,14 +72,15 @@ def shaper(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[Shaper]
 class ClassBytes:
     """Reads the byte counter of the 0 -> 1 HTB class in node 0's namespace, over and over."""
 
-    def __init__(self, netns: str) -> None:
+    def __init__(self, netns: str, device: str) -> None:
         self.netns = netns
+        self.device = device
         self.readings: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def read(self) -> int:
-        out = subprocess.run(["nsenter", f"--net={self.netns}", "tc", "-s", "class", "show", "dev", "eth0"],
+        out = subprocess.run(["nsenter", f"--net={self.netns}", "tc", "-s", "class", "show", "dev", self.device],
                              capture_output=True, text=True, check=True, timeout=10).stdout
         found = re.search(rf"class htb 1:{peer_minor(1):x} .*?\n\s*Sent (\d+) bytes", out, re.DOTALL)
         assert found, f"no class 1:{peer_minor(1):x} in node 0: {out}"
@@ -99,19 +100,22 @@ class ClassBytes:
         self.readings.append(self.read())
 
 
-def test_a_tcp_stream_survives_50_changes_in_place(cluster: Cluster, shaper: Shaper, tmp_path: Path) -> None:
+def test_a_tcp_stream_survives_50_changes_in_place(cluster: Any, shaper: Shaper, tmp_path: Path) -> None:
+    """Run as it is by the netem VM's guest too (``tests/netem_vm/guest_conformance.py``, on its namespaces)."""
     assert isinstance(shaper, SchedulingShaper)
-    timeline = link_timeline(trace_profile(tmp_path), N, STREAM_S)
+    n = len(cluster.endpoints())
+    timeline = link_timeline(trace_profile(tmp_path), n, STREAM_S)
     assert len(timeline) == CHANGES + 1
     changes = shaper.schedule(timeline)
-    lead = LEAD_S + 0.05 * N
+    lead = LEAD_S + 0.05 * n
     changes.go(time.monotonic() + lead + 0.5)
-    with ClassBytes(cluster.endpoints()[0].netns) as counter:
+    sender = cluster.endpoints()[0]
+    with ClassBytes(sender.netns, sender.device) as counter:
         seen = run_tcp(cluster, [TransferPlan((0, 1), 0.0, STREAM_S, 0.2)])[(0, 1)]
     applied = changes.finish()
     shaper.check()
     assert seen.error is None, f"the stream broke: {seen.error}"
-    assert seen.goodput_bps and seen.goodput_bps > 10e6, seen
+    assert seen.goodput_bps and seen.goodput_bps > 1e6, seen
     assert [a.index for a in applied] == list(range(1, CHANGES + 1))
     assert all(not a.errors for a in applied), [a.errors for a in applied if a.errors]
     readings = counter.readings

@@ -56,7 +56,6 @@ from squall.checks.verdict import Validity
 from squall.profiles import profile_from_data
 from squall.shaping import Shaper, open_shaper, state_at
 from squall.shaping.base import LinkState
-from squall.shaping.echo_probe import realtime
 from tests.netem_vm.guest_sched import ksoftirqd_wait_s
 
 # This module restates the host's suites for the guest as it is imported (below: the host's MIXED profile,
@@ -67,6 +66,7 @@ if "tests.netem_vm.guest_plugin" not in sys.modules:
                       "tests.netem_vm.guest_plugin): it restates the host's conformance suite and calibration "
                       "plan as it is imported; host code imports tests.netem_vm.guest_sched instead")
 from tests.integration import test_shaping_conformance as suite
+from tests.integration import test_trace_changes as traced
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
     kernel_tools,
     pings,
@@ -253,7 +253,6 @@ def _record(probe: str, **figures: Any) -> None:
 
 
 PHASE_PROBE_S = 4.0  # the suite's 2.5 s, longer: the change (applied at 1 s) may take ~1.5 s under TCG
-APPLY_PRIORITY = 10  # SCHED_FIFO of this process while it applies the phase: above the probes' agents (5)
 PhaseRun = tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float, float]
 
 
@@ -307,22 +306,25 @@ def _stalls_in_time(samples: dict[tuple[int, int], list[Sample]], due: float) ->
 @pytest.fixture(scope="module")
 def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
     """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
-    profile, tries and choice of the least stalled), 4 s long, and when the phase's apply() returned
-    (wall clock) beside when it was called; the change is applied at real-time priority above the
-    probes (else the probes' agents keep it off the emulated CPUs). Its tests skip as too busy, as
+    profile, tries and choice of the least stalled), 4 s long, the change planned ahead and sent by
+    the real-time change executor as in a run, and when it was done (wall clock) beside when it was
+    due. Its tests skip as too busy, as
     :func:`mixed`'s do, while even the least stalled try had more than the probe share of a link's
     packets stalled outside the apply() window (:func:`phase_stalls`)."""
     before = state_at(suite.PHASED, suite.N, 0.0)
     tries = []
     waited = ksoftirqd_wait_s()
     for _ in range(GUEST_STALL_TRIES):
-        shaper.apply(before)
+        # the run's instrument: planned ahead, sent by the real-time change executor (SCHED_FIFO 20)
+        changes = suite._schedule(shaper, suite.PHASED, PHASE_PROBE_S)
         run = start_udp(cluster, suite.EVERY, count=int(PHASE_PROBE_S * suite.RATE_PPS),  # type: ignore[arg-type]
                         rate_pps=suite.RATE_PPS, wait_s=0.5)
-        with realtime(APPLY_PRIORITY):
-            due = suite._apply_at(shaper, suite.PHASED, suite.PHASE_AT_S, run.start_wall)
-        returned = time.time()
+        suite._go_at_wall(changes, run.start_wall)
+        due = run.start_wall + suite.PHASE_AT_S
         obs, results = finish_udp(run, suite.EVERY)
+        applied = changes.finish()
+        assert [a.index for a in applied] == [1] and not applied[0].errors, applied
+        returned = due + applied[0].lateness_s  # when the executor had the kernel's ack
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
         # again while more stalled than the per-pair test's delay checks accept (their bound, not the
@@ -343,16 +345,15 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
 
 
 def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun, baseline: Baseline) -> None:
-    """The suite's test with the 100 ms counted from when the phase's apply() returned, not from when
-    it was called: under TCG apply() itself (Python on an emulated CPU) takes a large part of a second
-    (the host's suite asks 100 ms from the call). "Before the phase every packet was old" is judged, as in
-    the suite, on the median of the half second before the call."""
+    """The suite's test with the 100 ms counted from when the change executor had the kernel's ack
+    (its lateness is recorded in the guest's results). "Before the phase every packet was old" is
+    judged, as in the suite, on the median of the half second before the due time."""
     _, samples, due, returned = phase_run
     middle = (2000 + 30000) / 2 + baseline.one_way_mean_us
     last_old = suite._last_old(samples[(0, 1)], middle)
     assert last_old < returned + suite.PHASE_DEADLINE_S, (
         f"a packet sent {last_old - returned:+.3f} s after the phase's apply() returned still had 2 ms "
-        f"(apply took {returned - due:.3f} s)")
+        f"(the change was done {returned - due:.3f} s after its due time)")
     before = [s.forward_us for s in samples[(0, 1)] if due - 0.5 <= s.send_wall < due]
     assert before and statistics.median(before) < middle, "the new delay held before the phase started"
 
@@ -378,6 +379,13 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun, baseline
     after = [s for s in samples[(1, 0)] if s.send_wall > returned + suite.PHASE_DEADLINE_S]
     assert after and statistics.median(s.forward_us for s in after) < 30000 / 2
     assert min(s.back_us for s in after) > 30000 / 2
+
+
+def test_a_tcp_stream_survives_50_changes_in_place(cluster: NamespaceCluster, shaper: Shaper,
+                                                  tmp_path: Path) -> None:
+    """The host's test (``tests/integration/test_trace_changes.py``) on the guest's namespaces: one
+    TCP stream across 50 in-place changes of delay and rate, never reset, its class never re-created."""
+    traced.test_a_tcp_stream_survives_50_changes_in_place(cluster, shaper, tmp_path)
 
 
 @pytest.mark.parametrize("link, rate", GUEST_RATES, ids=["10mbit", "20mbit", "40mbit"])

@@ -25,7 +25,9 @@ BACKENDS = "tests/integration/test_shaping_backends.py::"
 CONFORMANCE = "tests/integration/test_shaping_conformance.py::"
 #: The host files whose netem rows the VM stands for (test_calibration has no netem parametrization:
 #: it calibrates with the default backend; the guest's test_calibration_on_netem rows calibrate netem).
-HOST_FILES = ("tests/integration/test_shaping_backends.py", "tests/integration/test_shaping_conformance.py")
+TRACES = "tests/integration/test_trace_changes.py::"
+HOST_FILES = ("tests/integration/test_shaping_backends.py", "tests/integration/test_shaping_conformance.py",
+              "tests/integration/test_trace_changes.py")
 #: Host tests the guest runs in a restated form (tests/netem_vm/guest_backends.py says why).
 RESTATED = {
     BACKENDS + "test_delay_of_a_link[netem]": "tests/netem_vm/guest_backends.py::test_delay_of_a_link_netem",
@@ -38,6 +40,8 @@ RESTATED = {
     BACKENDS + "test_duplication[netem]": "tests/netem_vm/guest_backends.py::test_duplication_netem",
     CONFORMANCE + "test_rate[netem-100mbit]": "tests/netem_vm/guest_conformance.py::test_rate[netem-20mbit]",
     CONFORMANCE + "test_rate[netem-1gbit]": "tests/netem_vm/guest_conformance.py::test_rate[netem-40mbit]",
+    TRACES + "test_a_tcp_stream_survives_50_changes_in_place[netem]":
+        "tests/netem_vm/guest_conformance.py::test_a_tcp_stream_survives_50_changes_in_place[netem]",
 }
 SWITCH = "SQUALL_NETEM_VM"
 _G = "tests/netem_vm/guest_conformance.py::"
