@@ -46,7 +46,38 @@ def _target(text: str | None) -> dict[str, float] | None:
     return {metric.strip(): number}
 
 
+def _cmd_replay(args: argparse.Namespace, *, every: bool) -> int:
+    """``squall run --replay DIR`` (one recorded run: ``--cell``, else the only or first one) and
+    ``squall matrix --replay DIR`` (every recorded run): the same profile, seeds and timeline."""
+    from squall.experiment.replay import recorded_cells
+    from squall.experiment.runner import run_replays
+
+    select_engine(args.engine)
+    cells = recorded_cells(args.replay)
+    if not every:
+        wanted = getattr(args, "cell", None)
+        chosen = [c for c in cells if c.cell_id == wanted] if wanted else cells[:1]
+        if not chosen:
+            raise ValueError(f"--cell {wanted!r}: {args.replay} records {[c.cell_id for c in cells]}")
+        cells = chosen
+    display = Display()
+    try:
+        with display.logging_above():
+            results = run_replays(cells, backend=args.backend, progress=display.line, observer=display,
+                                  title=f"Squall replay of {args.replay}")
+    finally:
+        display.close()
+    _, page = write_report(results, args.report)
+    _summary(results.cells, (), {})
+    sys.stdout.write(f"report: {page}\n")
+    return matrix_exit_code(results.cells, (), {})
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _cmd_replay(args, every=False)
+    if not args.protocol or not args.profile:
+        raise ValueError("squall run needs --protocol and --profile (or --replay RESULTS_DIR)")
     select_engine(args.engine)  # the default engine of every cluster this command starts
     matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
                           source="squall run", known_protocols=PROTOCOLS)
@@ -134,6 +165,10 @@ def format_summary(cell_id: str, trace: RunTrace, s: Mapping[str, Any], *, total
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _cmd_replay(args, every=True)
+    if not args.file:
+        raise ValueError("squall matrix needs a matrix file (or --replay RESULTS_DIR)")
     select_engine(args.engine)
     try:
         path = find_matrix(args.file)  # a path, or a shipped matrix by name (ci, stragglers, ...)
@@ -207,8 +242,12 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 def add_subparser(sub: Any) -> None:
     """Register run, matrix, report and claims."""
     run = sub.add_parser("run", help="run one protocol on one profile (one cell) and check it")
-    run.add_argument("--protocol", required=True, help="protocol name (squall protocols) or package.module:function")
-    run.add_argument("--profile", required=True, help="profile name or YAML path")
+    run.add_argument("--protocol", help="protocol name (squall protocols) or package.module:function")
+    run.add_argument("--profile", help="profile name or YAML path")
+    run.add_argument("--replay", type=Path, metavar="RESULTS_DIR",
+                     help="run a recorded run again: its protocol, profile, seed, settings and realised timeline "
+                          "(link changes and churn at their recorded times)")
+    run.add_argument("--cell", help="with --replay: which recorded run (default: the first)")
     run.add_argument("--workers", type=int, default=4)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--seconds", type=float, default=20.0, help="training time budget")
@@ -226,7 +265,10 @@ def add_subparser(sub: Any) -> None:
     run.set_defaults(func=_cmd_run)
 
     matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")
-    matrix.add_argument("file", help="matrix YAML, or a shipped matrix by name (ci, stragglers, compression, ...)")
+    matrix.add_argument("file", nargs="?",
+                        help="matrix YAML, or a shipped matrix by name (ci, stragglers, compression, ...)")
+    matrix.add_argument("--replay", type=Path, metavar="RESULTS_DIR",
+                        help="run every recorded run of RESULTS_DIR again on its recorded timeline")
     matrix.add_argument("--report", type=Path, default=Path("results/matrix"), help="report directory")
     matrix.add_argument("--backend", choices=["netem", "nfqueue"])
     matrix.add_argument("--engine", choices=ENGINES, help="local (default) or swarm, as for squall run")

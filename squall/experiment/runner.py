@@ -20,6 +20,7 @@ from squall.claims.registry import Claim, evaluate
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec, code_dir_of
 from squall.experiment.matrix import Cell, Matrix
+from squall.experiment.replay import RecordedCell
 from squall.progress import Observer
 from squall.report import provenance
 from squall.report.network import describe_profiles
@@ -140,10 +141,31 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
                    meta=meta)
 
 
+def run_replays(cells: Sequence[RecordedCell], *, backend: str | None = None, progress: Progress = logger.info,
+                title: str = "Squall replay", observer: Observer | None = None,
+                target: Target | None = None) -> Results:
+    """Run recorded cells again (:mod:`.replay`), each on the timeline it recorded."""
+    results: list[CellResult] = []
+    t0, before = time.monotonic(), provenance.collect()
+    with Labs(backend=backend, observer=observer) as labs:
+        for k, recorded in enumerate(cells, 1):
+            tag = f"[{k}/{len(cells)}] {recorded.cell_id} (replay)"
+            if observer is not None:
+                observer.label = tag
+            cell = Cell(recorded.spec.protocol, recorded.spec.profile, recorded.workers, recorded.spec.seed)
+            results.append(_run_cell(labs, cell, {}, target, cell_id=recorded.cell_id, tag=tag, progress=progress,
+                                     spec=recorded.spec))
+        backends = labs.backends()
+    meta = {"cells": len(results), "duration_s": round(time.monotonic() - t0, 1), "replayed": True,
+            "shaping backend": ", ".join(backends) or "none", "provenance": provenance.finish(before)}
+    return Results(title=title, cells=tuple(results), meta=meta)
+
+
 def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,
-              progress: Progress) -> CellResult:
+              progress: Progress, spec: RunSpec | None = None) -> CellResult:
     t = time.monotonic()
-    spec = replace(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=cell.seed), **dict(run))
+    if spec is None:
+        spec = replace(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=cell.seed), **dict(run))
     try:
         trace = labs.run(spec, cell.workers)
     except ExperimentError as exc:

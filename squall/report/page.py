@@ -41,6 +41,7 @@ from squall.report.plots import (
     plot_loss,
     plot_loss_vs_bytes,
     plot_owner_drift,
+    plot_trace_fidelity,
 )
 from squall.report.reproduce import matrix_text, reproduce_rows
 from squall.trace import RunTrace, trace_from_json, trace_to_json
@@ -358,6 +359,10 @@ def _html_compare(view: _View) -> list[str]:
         parts.append(_img("Loss against bytes sent", plot_loss_vs_bytes(traces)))
     parts.append(_img("Drift between workers", plot_drift(traces)))
     parts.append(_img("Drift from the owners", plot_owner_drift(traces)))
+    for cell in cells:  # runs whose links changed: the trace as applied, the measured segments, the loss
+        segments = cell.trace.meta.get("segments") if isinstance(cell.trace.meta, Mapping) else None
+        parts.append(_img(f"Links over time: {cell.cell_id}",
+                          plot_trace_fidelity(cell.trace, segments if isinstance(segments, Mapping) else None)))
     parts += ["<h3>Every run</h3>", _html_table(SUMMARY_HEAD, _summary_rows(view))]
     stats = _stats(view)
     if stats:

@@ -1,5 +1,6 @@
 """Every plot of a report (the only module that draws, with matplotlib): the time-to-target heatmap,
-bytes to target, loss against wall time and against bytes sent, drift, and the claims' figures.
+bytes to target, loss against wall time and against bytes sent, drift, the claims' figures, and for a
+run whose links changed its configured trace, measured points and loss curve on one time axis.
 
 Each function takes plain data (traces, a comparison, verdicts) and returns a PNG as base64 text
 (for a data URI) or None when there is nothing to draw. The heatmap's colour is the ratio to the
@@ -14,7 +15,7 @@ import io
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -244,5 +245,81 @@ def plot_owner_drift(traces: Sequence[RunTrace]) -> str | None:
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
+
+
+# ----------------------------------------------------------------------------- traced runs
+
+
+def configured_series(timeline: Mapping[str, Any], link: str, field: str) -> tuple[list[float], list[float]]:
+    """A step series (time s, value) of one link's setting from a run's realised timeline
+    (``meta["timeline"]``): each change that names the link sets its value; a cut link reads as None."""
+    times: list[float] = []
+    values: list[float] = []
+    for change in timeline.get("changes", []):
+        for group in change.get("links", []):
+            if link not in group.get("links", []):
+                continue
+            settings = group.get("settings")
+            value = None if not isinstance(settings, Mapping) else settings.get(field)
+            times.append(float(change.get("applied_s", change.get("at_s", 0.0))))
+            values.append(math.nan if value is None else float(value))
+    return times, values
+
+
+def plot_trace_fidelity(trace: RunTrace, segments: Mapping[str, Any] | None = None,
+                        link: tuple[int, int] = (0, 1)) -> str | None:
+    """Left: link ``link``'s configured delay and rate over the run (as the timeline applied them),
+    with the measured delay and rate of each judged segment (``segments``: a segment calibration's
+    :meth:`~squall.calibration.segments.SegmentReport.to_dict`) as points on the same time axis;
+    right: the run's training loss against time (median over workers). None without a timeline."""
+    timeline = trace.meta.get("timeline") if isinstance(trace.meta, Mapping) else None
+    if not isinstance(timeline, Mapping) or len(timeline.get("changes", [])) < 2:
+        return None
+    label = f"{link[0]}->{link[1]}"
+    end = float(timeline.get("duration_s", trace.duration) or trace.duration)
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    t, delay = configured_series(timeline, label, "delay_us")
+    if t:
+        ax.step([*t, end], [d / 1e3 for d in [*delay, delay[-1]]], where="post", color="tab:blue",
+                label=f"{label} delay configured")
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("one-way delay (ms)", color="tab:blue")
+    rate_ax = ax.twinx()
+    t_rate, rate = configured_series(timeline, label, "rate_bps")
+    if t_rate and any(not math.isnan(r) for r in rate):
+        rate_ax.step([*t_rate, end], [r / 1e6 for r in [*rate, rate[-1]]], where="post", color="tab:orange",
+                     label=f"{label} rate configured")
+    rate_ax.set_ylabel("rate (Mbit/s)", color="tab:orange")
+    if segments:
+        starts = {s["index"]: (s["start_s"] + s["end_s"]) / 2 for s in segments.get("segments", [])}
+        for metric, axis, scale, colour in (("delay", ax, 1.0, "tab:blue"), ("rate", rate_ax, 1.0, "tab:orange")):
+            points = [(starts[c["segment"]], c["measured"] * scale, c["verdict"]) for c in segments.get("checks", [])
+                      if c["metric"] == metric and c.get("measured") is not None and c["segment"] in starts]
+            for verdict, marker in (("passed", "o"), ("failed", "x"), ("unknown", "s")):
+                chosen = [(x, y) for x, y, v in points if v == verdict]
+                if chosen:
+                    axis.scatter([x for x, _ in chosen], [y for _, y in chosen], marker=marker, color=colour,
+                                 edgecolors="black", linewidths=0.5, zorder=3, s=22,
+                                 label=f"{metric} measured ({verdict})")
+    handles = ax.get_legend_handles_labels()[0] + rate_ax.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + rate_ax.get_legend_handles_labels()[1]
+    if handles:
+        ax.legend(handles, labels, fontsize=7, loc="upper left")
+    ax.set_title(f"{trace.profile}: link {label}, configured and measured")
+    ax.grid(alpha=0.3)
+    by_time: dict[float, list[float]] = defaultdict(list)
+    for record in trace.records:
+        if record.loss is not None:
+            by_time[round(record.t, 1)].append(record.loss)
+    if by_time:
+        xs = sorted(by_time)
+        right.plot(xs, [statistics.median(by_time[x]) for x in xs], color="tab:green")
+    right.set_xlim(ax.get_xlim())
+    right.set_xlabel("seconds since the start")
+    right.set_ylabel("training loss (median over workers)")
+    right.set_title(f"{trace.protocol}: loss on the same time axis")
+    right.grid(alpha=0.3)
     fig.tight_layout()
     return png(fig)

@@ -1,0 +1,63 @@
+"""Re-running recorded runs under exactly the same conditions: ``squall run --replay RESULTS_DIR``.
+
+A results directory (``results.json``, written by ``squall run``, ``squall matrix`` or the pytest
+plugin) holds each run's trace; its ``meta`` records the profile's file, the seed, the training
+settings and the realised timeline (:mod:`.realised`). :func:`recorded_cells` turns each cell back
+into a :class:`~.lab.RunSpec` whose ``replay`` is that timeline: the lab then applies the recorded
+link states at their recorded times and the recorded node churn, not what the profile would draw
+today; the devices and the training come from the same profile file, seed and settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from squall.experiment.lab import RunSpec
+from squall.experiment.realised import ReplayError
+from squall.report.page import RESULTS_FILE, load_results
+
+
+@dataclass(frozen=True)
+class RecordedCell:
+    """One recorded run, ready to run again."""
+
+    cell_id: str  # as the report named it
+    workers: int  # cluster size
+    spec: RunSpec  # protocol, profile, seed, settings and the recorded timeline
+
+
+def _spec(meta: Mapping[str, Any], protocol: str, profile: str, seed: int) -> RunSpec:
+    timeline = meta.get("timeline")
+    if not isinstance(timeline, Mapping):
+        raise ReplayError("no realised timeline was recorded (a run from before timelines were recorded?)")
+    source = meta.get("profile_source")
+    where = str(source) if isinstance(source, str) and Path(source).is_file() else profile
+    return RunSpec(protocol=protocol, profile=where, seed=int(meta.get("seed", seed)),
+                   task=str(meta.get("task", "logreg_digits")), steps=meta.get("budget_steps"),
+                   seconds=meta.get("budget_s"), lr=float(meta.get("lr", 0.5)),
+                   batch_size=int(meta.get("batch_size", 32)), replay=timeline)
+
+
+def recorded_cells(directory: Path) -> list[RecordedCell]:
+    """Every run recorded in ``directory``'s ``results.json``, as specs that replay it.
+
+    :raises ReplayError: naming the directory and the cell when something needed is missing.
+    """
+    if not (directory / RESULTS_FILE).is_file():
+        raise ReplayError(f"{directory}: no {RESULTS_FILE} (a directory written by squall run, squall matrix "
+                          "or the pytest plugin's --squall-report)")
+    results = load_results(directory)
+    cells = []
+    for cell in results.cells:
+        trace = cell.trace
+        try:
+            spec = _spec(trace.meta, trace.protocol, trace.profile, trace.seed)
+        except (ReplayError, TypeError, ValueError) as exc:
+            raise ReplayError(f"{directory}: cell {cell.cell_id}: {exc}") from None
+        cells.append(RecordedCell(cell.cell_id, trace.workers, spec))
+    if not cells:
+        raise ReplayError(f"{directory}: {RESULTS_FILE} records no run")
+    return cells
