@@ -1,9 +1,11 @@
 """The real-time change executor: sends pre-encoded in-place changes at their due times.
 
 A :class:`Schedule` is every change of a run, planned and encoded beforehand
-(:mod:`.changes`, :mod:`.tcwire`): per change a due time on ``CLOCK_MONOTONIC`` (the same clock in
-every process of the host), the netlink batch of each namespace, and for the nfqueue backend the
-delay daemon's new link parameters. Whoever runs it does nothing at a due time but send:
+(:mod:`.changes`, :mod:`.tcwire`): per change its time from the run's start, the netlink batch of
+each namespace, and for the nfqueue backend the delay daemon's new link parameters. It is handed
+over (the process started, its sockets opened) before the run starts; the start itself is one
+number on ``CLOCK_MONOTONIC`` (the same clock in every process of the host), so starting costs
+nothing. Whoever runs it does nothing at a due time but send:
 
 * the netem backend starts ``python -m squall.shaping.scheduled`` (:class:`ScheduleProcess`), one
   small process at ``SCHED_FIFO`` holding one ``NETLINK_ROUTE`` socket per namespace, opened
@@ -65,7 +67,7 @@ class ScheduleEntry:
     """One change: when, what, and what to send where."""
 
     index: int  # position in the run's changes (0 is the state applied before the start)
-    due_ns: int  # CLOCK_MONOTONIC
+    due_ns: int  # nanoseconds after the run's start (in a schedule file); CLOCK_MONOTONIC once started
     label: str  # what brought it
     sends: tuple[tuple[str, bytes], ...] = ()  # (namespace key, netlink batch)
     links: tuple[Mapping[str, Any], ...] = ()  # the delay daemon's set_links items (nfqueue)
@@ -150,8 +152,10 @@ class Applied:
 class Agenda:
     """The entries not yet due, for an event loop: the next due time, and those due by now."""
 
-    def __init__(self, entries: Sequence[ScheduleEntry]):
-        self._entries = sorted(entries, key=lambda e: (e.due_ns, e.index))
+    def __init__(self, entries: Sequence[ScheduleEntry], start_ns: int = 0):
+        """:param start_ns: the run's start on ``CLOCK_MONOTONIC``; each entry's ``due_ns`` counts from it."""
+        shifted = [dataclasses.replace(e, due_ns=start_ns + e.due_ns) for e in entries]
+        self._entries = sorted(shifted, key=lambda e: (e.due_ns, e.index))
         self._next = 0
 
     def next_due_ns(self) -> int | None:
@@ -258,13 +262,31 @@ def _emit(record: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _start_of(stdin: int) -> int | None:
+    """Wait for ``go START_NS`` on ``stdin``; None when it says ``stop`` or closes first."""
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = os.read(stdin, 4096)
+        if not chunk:
+            return None
+        buffer += chunk
+    words = buffer.split(b"\n", 1)[0].split()
+    if len(words) == 2 and words[0] == b"go" and words[1].isdigit():
+        return int(words[1])
+    return None
+
+
 def serve(schedule: Schedule, stdin: int) -> int:
-    """Run the schedule; stop early when ``stdin`` says ``stop`` or closes. Returns the exit status."""
+    """Open the sockets, say ready, wait for ``go START_NS``, run the schedule from that start; stop
+    early when ``stdin`` says ``stop`` or closes. Returns the exit status."""
     senders = NetlinkSenders(schedule.namespaces)
-    agenda = Agenda(schedule.entries)
-    _emit({"ready": True, "entries": len(agenda)})
+    _emit({"ready": True, "entries": len(schedule.entries)})
     buffer = b""
     try:
+        start_ns = _start_of(stdin)
+        if start_ns is None:
+            return 0
+        agenda = Agenda(schedule.entries, start_ns)
         while True:
             due = agenda.next_due_ns()
             timeout = None if due is None else max(0.0, (due - time.monotonic_ns()) / 1e9)
@@ -339,6 +361,15 @@ class ScheduleProcess:
             err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
             self._failed = self._failed or (err.strip().splitlines() or ["exited"])[-1]
             self._ready.set()
+
+    def go(self, start_ns: int) -> None:
+        """Start the run's clock: each entry is due ``due_ns`` after ``start_ns`` (``CLOCK_MONOTONIC``)."""
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(f"go {start_ns}\n".encode())
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise ShapingError(f"the change executor is gone: {exc}") from exc
 
     def applied(self) -> list[Applied]:
         """The changes done so far."""

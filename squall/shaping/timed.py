@@ -10,7 +10,7 @@ record the last state applied (so the next ``apply`` diffs from what the kernel 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from squall.shaping import tcdiff
 from squall.shaping.base import ShapingError
@@ -18,11 +18,23 @@ from squall.shaping.changes import PlannedChange
 from squall.shaping.executor import Applier
 from squall.shaping.scheduled import Applied, NamespaceRef, Schedule, ScheduleEntry
 
-Launch = Callable[[Schedule], Callable[[], list[Applied]]]  # start the executor; returns its stop
+Launch = Callable[[Schedule], "Started"]  # hand the schedule to the executor (before the run starts)
+
+
+class Started(Protocol):
+    """An executor holding a schedule: started with the run's clock, stopped at the end."""
+
+    def go(self, start_ns: int) -> None:
+        """The run's t = 0 on ``CLOCK_MONOTONIC``."""
+
+    def stop(self) -> list[Applied]:
+        """Drop what is not due yet; every change done."""
 
 
 class ChangeRun:
-    """Prepared changes of one run: started once, finished once."""
+    """Prepared changes of one run, handed to the executor when made: started once, finished once.
+
+    Made by a backend's ``schedule`` (which must call :meth:`finish` itself if it fails after this)."""
 
     def __init__(self, planned: Sequence[PlannedChange], namespaces: Mapping[str, NamespaceRef], *,
                  batches: Sequence[Mapping[str, bytes]], links: Sequence[Sequence[Mapping[str, Any]]],
@@ -36,30 +48,32 @@ class ChangeRun:
         self._namespaces = dict(namespaces)
         self._batches = batches
         self._links = links
-        self._launch = launch
         self._settle = settle
-        self._stop: Callable[[], list[Applied]] | None = None
+        self._started = False
         self._finished = False
+        self._executor: Started | None = launch(self.schedule()) if len(self.planned) > 1 else None
 
-    def schedule(self, start_ns: int) -> Schedule:
-        """The schedule for a run that starts at ``start_ns`` (``CLOCK_MONOTONIC``); change 0 is applied already."""
-        entries = [ScheduleEntry(index, start_ns + round(change.at_s * 1e9), change.label,
+    def schedule(self) -> Schedule:
+        """The schedule: each change after the first (applied already) at its time from the start."""
+        entries = [ScheduleEntry(index, round(change.at_s * 1e9), change.label,
                                  tuple(sorted(self._batches[index].items())), tuple(self._links[index]))
                    for index, change in enumerate(self.planned) if index > 0]
         return Schedule(self._namespaces, tuple(entries))
 
     def go(self, start: float) -> None:
         """Start sending: ``start`` is the run's t = 0 in ``time.monotonic()`` seconds."""
-        if self._stop is not None or self._finished:
+        if self._started or self._finished:
             raise ShapingError("a change run starts once")
-        self._stop = self._launch(self.schedule(round(start * 1e9)))
+        self._started = True
+        if self._executor is not None:
+            self._executor.go(round(start * 1e9))
 
     def finish(self) -> list[Applied]:
         """Stop what is not due yet; every change done, in order. Safe to call twice."""
         if self._finished:
             return []
         self._finished = True
-        applied = self._stop() if self._stop is not None else []
+        applied = self._executor.stop() if self._executor is not None else []
         self._settle(max((a.index for a in applied), default=0))
         return sorted(applied, key=lambda a: a.index)
 

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
@@ -127,20 +127,8 @@ class NetemShaper:
         self._state = timeline[0].state
         namespaces, batches = netlink_batches(planned, self._applier)
 
-        def launch(schedule: Schedule) -> Callable[[], list[Applied]]:
-            workdir = Path(tempfile.mkdtemp(prefix=f"squall-changes-{self.run_id}-"))
-            try:
-                process = ScheduleProcess(schedule, workdir)
-            except BaseException:
-                shutil.rmtree(workdir, ignore_errors=True)
-                raise
-
-            def stop() -> list[Applied]:
-                try:
-                    return process.stop()
-                finally:
-                    shutil.rmtree(workdir, ignore_errors=True)
-            return stop
+        def launch(schedule: Schedule) -> _Executor:
+            return _Executor(schedule, self.run_id)
 
         def settle(last: int) -> None:
             with self._lock:
@@ -166,6 +154,27 @@ class NetemShaper:
     def _require_open(self) -> None:
         if self._closed:
             raise ShapingError(f"the netem shaper of run {self.run_id} is closed")
+
+
+class _Executor:
+    """The change executor process of one run and its work directory (the schedule file)."""
+
+    def __init__(self, schedule: Schedule, run_id: str) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"squall-changes-{run_id}-"))
+        try:
+            self.process = ScheduleProcess(schedule, self.workdir)
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+
+    def go(self, start_ns: int) -> None:
+        self.process.go(start_ns)
+
+    def stop(self) -> list[Applied]:
+        try:
+            return self.process.stop()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def duplication_by_tee(plans: Mapping[int, NodePlan], endpoints: Mapping[int, Endpoint],

@@ -34,7 +34,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkState, ShapingError
@@ -233,26 +233,8 @@ class NfqueueShaper:
                            "link": to_jsonable(params)}
                           for (rcv, src), params in sorted(after.items()) if before.get((rcv, src)) != params])
 
-        def launch(schedule: Schedule) -> Callable[[], list[Applied]]:
-            path = Path(self._workdir) / f"schedule-{time.monotonic_ns()}.json"
-            path.write_text(schedule.to_json())
-            try:
-                with self._daemon.client() as client:
-                    client.schedule(str(path))
-            except NfqueueError as exc:
-                path.unlink(missing_ok=True)
-                raise ShapingError(f"the delay daemon refused the schedule: {exc}") from exc
-
-            def stop() -> list[Applied]:
-                try:
-                    with self._daemon.client() as client:
-                        return [Applied.from_dict(item) for item in client.schedule_stop()]
-                except NfqueueError as exc:
-                    logger.warning("nfqueue: stopping the schedule: %s", exc)
-                    return []
-                finally:
-                    path.unlink(missing_ok=True)
-            return stop
+        def launch(schedule: Schedule) -> _DaemonSchedule:
+            return _DaemonSchedule(self._daemon, Path(self._workdir), schedule)
 
         def settle(last: int) -> None:
             with self._lock:
@@ -397,6 +379,38 @@ class NfqueueShaper:
         except NfqueueError as exc:
             raise ShapingError(f"nfqueue daemon set_links: {exc}") from exc
         self._links.update(changed)
+
+
+class _DaemonSchedule:
+    """A run's schedule held by the delay daemon: loaded now, started with the run, stopped at its end."""
+
+    def __init__(self, daemon: DaemonProcess, workdir: Path, schedule: Schedule) -> None:
+        self.daemon = daemon
+        self.path = workdir / f"schedule-{time.monotonic_ns()}.json"
+        self.path.write_text(schedule.to_json())
+        try:
+            with daemon.client() as client:
+                client.schedule(str(self.path))
+        except NfqueueError as exc:
+            self.path.unlink(missing_ok=True)
+            raise ShapingError(f"the delay daemon refused the schedule: {exc}") from exc
+
+    def go(self, start_ns: int) -> None:
+        try:
+            with self.daemon.client() as client:
+                client.schedule_go(start_ns)
+        except NfqueueError as exc:
+            raise ShapingError(f"the delay daemon did not start the schedule: {exc}") from exc
+
+    def stop(self) -> list[Applied]:
+        try:
+            with self.daemon.client() as client:
+                return [Applied.from_dict(item) for item in client.schedule_stop()]
+        except NfqueueError as exc:
+            logger.warning("nfqueue: stopping the schedule: %s", exc)
+            return []
+        finally:
+            self.path.unlink(missing_ok=True)
 
 
 def _valid_run(run_id: str) -> bool:

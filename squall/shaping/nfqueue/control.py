@@ -18,9 +18,11 @@ Commands (request -> answer; every answer has ``"ok"``, failures carry ``"error"
     Releases what it holds, unbinds its queues.
 ``{"cmd": "schedule", "file": PATH}``
     Reads a run's scheduled changes (:class:`squall.shaping.scheduled.Schedule`) from the file the
-    harness wrote and applies each at its due time from the event loop (link parameters, then the
-    HTB changes through netlink sockets opened now in the containers' namespaces).
+    harness wrote and opens netlink sockets in the containers' namespaces for them.
     -> ``{"ok": true, "entries": 12}``
+``{"cmd": "schedule_go", "start_ns": N}``
+    Starts it: each change is applied at ``N`` plus its time, from the event loop (link parameters,
+    then the HTB changes). -> ``{"ok": true}``
 ``{"cmd": "schedule_stop"}``
     Drops the changes not yet due. -> ``{"ok": true, "applied": [{index, due_ns, done_ns, errors}]}``
 ``{"cmd": "shutdown"}``
@@ -110,6 +112,10 @@ class ControlClient:
     def schedule(self, path: str) -> dict[str, Any]:
         """Hand the daemon a run's scheduled changes (a file written by the harness)."""
         return self.request({"cmd": "schedule", "file": path})
+
+    def schedule_go(self, start_ns: int) -> dict[str, Any]:
+        """Start the loaded schedule: its times count from ``start_ns`` (``CLOCK_MONOTONIC``)."""
+        return self.request({"cmd": "schedule_go", "start_ns": start_ns})
 
     def schedule_stop(self) -> list[dict[str, Any]]:
         """Stop the schedule; every change it did."""

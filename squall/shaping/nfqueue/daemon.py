@@ -86,7 +86,8 @@ class Daemon:
         self.wakeups = 0
         self.sends = 0
         self._extra_fds: dict[int, Callable[[], None]] = {}
-        self._agenda: Agenda | None = None  # scheduled link changes (the ``schedule`` command)
+        self._schedule: Schedule | None = None  # a run's changes, loaded (the ``schedule`` command)
+        self._agenda: Agenda | None = None  # the same, started (``schedule_go``)
         self._senders: NetlinkSenders | None = None  # their netlink sockets, one per namespace
         self._applied: list[Applied] = []  # what the schedule did, and when
         self._epoll.register(self._timer.fileno(), select.EPOLLIN)
@@ -99,6 +100,7 @@ class Daemon:
             "remove_namespace": self._cmd_remove_namespace,
             "shutdown": self._cmd_shutdown,
             "schedule": self._cmd_schedule,
+            "schedule_go": self._cmd_schedule_go,
             "schedule_stop": self._cmd_schedule_stop,
         }
 
@@ -313,24 +315,34 @@ class Daemon:
 
     def _cmd_schedule(self, request: dict[str, Any]) -> dict[str, Any]:
         """Take a run's scheduled changes (:mod:`squall.shaping.scheduled`) from the file the harness wrote."""
-        if self._agenda is not None:
-            raise ConfigError("a schedule is already running; send schedule_stop first")
+        if self._schedule is not None:
+            raise ConfigError("a schedule is already loaded; send schedule_stop first")
         path = request.get("file")
         if not isinstance(path, str):
             raise ConfigError("schedule needs 'file', the schedule's path")
         with open(path, "rb") as handle:
             schedule = Schedule.from_json(handle.read())
         self._senders = NetlinkSenders(schedule.namespaces)
-        self._agenda = Agenda(schedule.entries)
+        self._schedule = schedule
         self._applied = []
-        return {"ok": True, "entries": len(self._agenda)}
+        return {"ok": True, "entries": len(schedule.entries)}
+
+    def _cmd_schedule_go(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Start the loaded schedule from ``start_ns`` (``CLOCK_MONOTONIC``)."""
+        start = request.get("start_ns")
+        if self._schedule is None or self._agenda is not None:
+            raise ConfigError("schedule_go needs a loaded schedule that has not started")
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise ConfigError("schedule_go needs an integer start_ns")
+        self._agenda = Agenda(self._schedule.entries, start)
+        return {"ok": True}
 
     def _cmd_schedule_stop(self, _: dict[str, Any]) -> dict[str, Any]:
         """Drop what is not due yet; answer with every change done."""
         applied = [a.to_dict() for a in self._applied]
         if self._senders is not None:
             self._senders.close()
-        self._agenda, self._senders, self._applied = None, None, []
+        self._schedule, self._agenda, self._senders, self._applied = None, None, None, []
         return {"ok": True, "applied": applied}
 
     def _cmd_stats(self, request: dict[str, Any]) -> dict[str, Any]:
