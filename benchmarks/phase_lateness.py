@@ -105,7 +105,7 @@ def harness_thread(shaper: Any, timeline: list[Any], start: float) -> tuple[thre
     return threading.Thread(target=run, daemon=True), done
 
 
-def one_cell(cluster: Cluster, shaper: Any, workers: int, neighbours: int, changes: int, step_s: float,
+def one_cell(cluster: Cluster, shaper: Any, *, workers: int, neighbours: int, changes: int, step_s: float,
              rate_pps: float, instrument: str = "scheduled") -> dict[str, Any]:
     profile = flipping(changes, step_s)
     span = (changes + 1) * step_s
@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for neighbours in [int(b) for b in args.busy.split(",")]:
                     for instrument in ("scheduled", "thread") if args.compare else ("scheduled",):
-                        row = one_cell(cluster, shaper, workers, neighbours, args.changes, args.step, args.rate,
-                                       instrument)
+                        row = one_cell(cluster, shaper, workers=workers, neighbours=neighbours,
+                                       changes=args.changes, step_s=args.step, rate_pps=args.rate,
+                                       instrument=instrument)
                         rows.append(row)
                         sys.stderr.write(json.dumps(row) + "\n")
             finally:

@@ -69,9 +69,10 @@ LAYERS: tuple[Layer, ...] = (
     _layer("timeline", "host", {"squall.experiment.timeline"}, {"profiles", "trace"}),
     _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles"}),
     _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
-    _layer("experiment", "host", {"squall.experiment.lab"},
+    _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised"},
            {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog"}),
-    _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity"},
+    _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity",
+                              "squall.experiment.replay"},
            {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog"}),
     _layer("front", "host", {"squall.cli", "squall.pytest_plugin"},
            {"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix", "report",
@@ -233,6 +234,10 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     ("squall.calibration.probes", "squall.calibration.probes"),
     ("squall.calibration.runner", "squall.calibration"),
     ("squall.experiment.lab", "squall.experiment.lab"),
+    ("squall.experiment.realised", "squall.experiment.realised"),
+    ("squall.experiment.replay", "squall.experiment.replay"),
+    ("squall.shaping.scheduled", "squall.shaping"),
+    ("squall.profiles.traces", "squall.profiles"),
     ("squall.protocols.moshpit.sgd", "squall.protocols.moshpit"),
 ])
 def test_a_module_belongs_to_its_longest_unit(module: str, unit: str) -> None:
