@@ -254,3 +254,18 @@ def test_availability_is_validated_like_events(tmp_path: Path) -> None:
     assert profile.required_workers() == 8
     with pytest.raises(ProfileError, match="out of range for 4 workers"):
         profile.validate_for(4)
+
+
+def test_show_prints_each_trace_and_its_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from squall.cli.profiles import main
+
+    write(tmp_path, "t.csv", "time,delay,rate\n0s,50ms,10mbit\n1s,70ms,20mbit\n2s,10ms,30mbit\n")
+    path = write(tmp_path, "p.yaml", "name: p\ndescription: d\nlinks: {default: {trace: t.csv}}\n")
+    assert main(["profiles", "show", str(path), "-n", "2", "--rows", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "trace at links.default from 0s: t.csv: 3 rows of delay, rate over 2s" in out
+    assert "1s    70ms   20mbit" in out and "... 1 more rows" in out
+    assert main(["profiles", "show", str(path), "-n", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["traces"][0]["rows"] == [["0s", "50ms", "10mbit"], ["1s", "70ms", "20mbit"], ["2s", "10ms", "30mbit"]]
+    assert data["change_times_s"] == [1.0, 2.0]
