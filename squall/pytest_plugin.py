@@ -29,6 +29,7 @@ failed and unknown both fail the test; figures go to the JUnit XML and the repor
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -63,6 +64,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--squall-matrix", help="matrix YAML with protocols/profiles/workers/seeds: a path, or a shipped "
                                             "matrix by name (ci, demo, ...)")
     group.addoption("--squall-report", type=Path, help="write results.json, report.md and report.html here")
+    group.addoption("--squall-replay", type=Path, metavar="RESULTS_DIR",
+                    help="run each cell that RESULTS_DIR recorded (same protocol, profile, workers and seed) on "
+                         "its recorded timeline: link changes and churn at their recorded times")
     group.addoption("--squall-calibrate", choices=["on", "off"], default=None,
                     help="calibrate each profile quickly before its first cell (default on; the matrix file's "
                          "calibrate: false turns it off too)")
@@ -243,6 +247,22 @@ class SquallSession:
     def option(self, name: str) -> Any:
         return self.config.getoption(f"--squall-{name}")
 
+    def recorded(self, spec: Any, workers: int) -> Any:
+        """``spec`` on the timeline ``--squall-replay`` recorded for the same cell (``spec`` without one)."""
+        directory = self.option("replay")
+        if directory is None:
+            return spec
+        if not hasattr(self, "_recorded"):
+            from squall.experiment.replay import recorded_cells
+
+            self._recorded = {(c.spec.protocol, Path(c.spec.profile).stem, c.workers, c.spec.seed): c
+                              for c in recorded_cells(Path(directory))}
+        found = self._recorded.get((spec.protocol, Path(spec.profile).stem, workers, spec.seed))
+        if found is None:
+            raise pytest.UsageError(f"--squall-replay {directory}: no recorded run of {spec.protocol} on "
+                                    f"{spec.profile}, {workers} workers, seed {spec.seed}")
+        return dataclasses.replace(spec, replay=found.spec.replay)
+
     def matrix(self, marker: dict[str, Any], *, where: str, test_dir: Path | None = None) -> Any:
         """The test's cells: the matrix file, then the options, then the marker (the last one wins).
 
@@ -400,7 +420,8 @@ def _spec_from(cell: Any, marker: pytest.Mark | None, session: SquallSession, **
 def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: Any,
                  squall_session: SquallSession) -> Any:
     """Name: squall_trace. Scope: function. Depends: squall_cell, squall_lab. The cell's RunTrace."""
-    spec = _spec_from(squall_cell, request.node.get_closest_marker(MARKER), squall_session)
+    spec = squall_session.recorded(_spec_from(squall_cell, request.node.get_closest_marker(MARKER), squall_session),
+                                   squall_cell.workers)
     trace = squall_session.run(spec, squall_cell.workers, label=request.node.nodeid)
     request.node.stash[_TRACE] = trace
     request.node.user_properties.append(("squall_backend", trace.backend))
