@@ -51,6 +51,10 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                         help="check only these directed links (default: all, sampled above 12)")
     parser.add_argument("--at", type=float, default=0.0, metavar="SECONDS", help="calibrate the links of this time")
     parser.add_argument("--quick", action="store_true", help="fewer packets for loss, shorter transfers")
+    parser.add_argument("--over-time", type=float, default=None, metavar="SECONDS",
+                        help="judge the profile over time instead: each segment of its timeline (phases, trace "
+                             "rows) in the first SECONDS, on link 0->1 (delay and loss per segment, rate on "
+                             "segments of 2 s or more); segments too short to judge are listed")
     parser.add_argument("--allow-host-limited", action="store_true",
                         help="exit 0 even if some rates could not be verified because the host cannot carry them")
     parser.set_defaults(func=cmd_calibrate)
@@ -67,8 +71,52 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def cmd_over_time(args: argparse.Namespace) -> int:
+    """``squall calibrate --over-time SECONDS``: every segment of the timeline judged against its settings."""
+    import json
+
+    from squall.calibration.runner import calibration_spec
+    from squall.calibration.segments import calibrate_segments, passed, summary_table
+    from squall.cluster.backend import open_cluster
+    from squall.shaping import link_timeline
+
+    try:
+        profile = load_profile(args.profile)
+        workers = args.workers or max(2, profile.required_workers())
+        profile.validate_for(workers)
+        select_engine(args.engine)
+        with open_cluster(calibration_spec(workers)) as cluster:
+            shaper = cluster.open_shaper(args.backend)
+            try:
+                report = calibrate_segments(cluster, shaper, link_timeline(profile, workers, args.over_time),
+                                            args.over_time)
+            finally:
+                shaper.close()
+    except ProfileError as exc:
+        logger.error("%s", exc)
+        return EXIT_USAGE
+    except ShapingError as exc:
+        logger.error("shaping failed: %s", exc)
+        return EXIT_FAILED
+    sys.stdout.write(f"{profile.name} over {args.over_time:g} s, link 0->1:\n{summary_table(report)}\n")
+    for note in report.notes:
+        sys.stdout.write(f"note: {note}\n")
+    if args.json is not None:
+        text = json.dumps(report.to_dict(), indent=1)
+        if str(args.json) == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            args.json.write_text(text + "\n")
+    return EXIT_PASSED if passed(report) else EXIT_FAILED
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``squall calibrate``."""
+    if args.over_time is not None:
+        if args.over_time <= 0:
+            logger.error("--over-time must be a positive number of seconds, got %g", args.over_time)
+            return EXIT_USAGE
+        return cmd_over_time(args)
     from squall.calibration.runner import calibrate, calibration_spec
     from squall.cluster.backend import open_cluster
     from squall.progress import Display
