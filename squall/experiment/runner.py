@@ -61,11 +61,17 @@ class Labs:
 
     def run(self, spec: RunSpec, workers: int) -> RunTrace:
         lab = self.get(workers, spec.protocol)
+        segments = None
         if self.fidelity is not None:
             if self.observer is not None:
                 self.observer.stage("calibrating", spec.profile)
             self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
-        return lab.run(spec)
+            if self.fidelity.enabled:
+                segments = _segments(spec, lab, workers)
+        trace = lab.run(spec)
+        if segments is not None:  # the report draws them on the run's timeline
+            trace = replace(trace, meta={**trace.meta, "segments": segments})
+        return trace
 
     def backends(self) -> list[str]:
         """Shaping backends of the labs started so far."""
@@ -87,6 +93,24 @@ class Labs:
                 raise
             # the run's own error says why it failed; what teardown left behind is for 'squall gc'
             logger.error("%s", close_exc)
+
+
+def _segments(spec: RunSpec, lab: Lab, workers: int) -> dict[str, Any] | None:
+    """A profile whose links change during the run: each segment of its timeline judged
+    (:mod:`squall.calibration.segments`) over the run's length; None for a profile that holds still."""
+    from squall.calibration.segments import calibrate_segments
+    from squall.profiles import load_profile
+    from squall.shaping import link_timeline
+
+    seconds = spec.seconds if spec.seconds is not None else 60.0
+    timeline = link_timeline(load_profile(spec.profile), workers, seconds)
+    if len(timeline) < 2 or lab.cluster is None or lab.shaper is None:
+        return None
+    try:
+        return calibrate_segments(lab.cluster, lab.shaper, timeline, seconds).to_dict()
+    except Exception as exc:  # a run is not refused for it: the report says it is missing
+        logger.warning("%s: the per-segment calibration failed: %s", spec.profile, exc)
+        return None
 
 
 def target_of(run: Mapping[str, Any]) -> Target | None:
