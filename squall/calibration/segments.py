@@ -41,7 +41,8 @@ from squall.calibration.verdicts import (
     check_rate,
     loss_packets_needed,
 )
-from squall.shaping import LinkState, Shaper, TimedState
+from squall.profiles import load_profile
+from squall.shaping import LinkState, Shaper, TimedState, link_timeline
 from squall.shaping.base import SchedulingShaper
 
 Link = tuple[int, int]
@@ -111,7 +112,7 @@ def _loss_of(state: LinkState, link: Link) -> float:
     if link in state.blocked:
         return 1.0
     spec = state.links.get(link)
-    return 0.0 if spec is None else spec.loss.mean_pct / 100
+    return 0.0 if spec is None else spec.loss.mean
 
 
 def _delay_of(state: LinkState, link: Link) -> int:
@@ -200,6 +201,16 @@ def calibrate_segments(cluster: Any, shaper: Shaper, timeline: Sequence[TimedSta
     if long_enough:
         checks += _rates(cluster, shaper, long_enough, link)
     return SegmentReport(tuple(segments), tuple(checks), tuple(short), tuple(notes))
+
+
+def calibrate_profile_over(profile: str, cluster: Any, shaper: Shaper, workers: int,
+                           seconds: float) -> SegmentReport | None:
+    """:func:`calibrate_segments` of profile ``profile`` (name or path) over its first ``seconds``;
+    None when its links hold still (nothing to judge over time)."""
+    timeline = link_timeline(load_profile(profile), workers, seconds)
+    if len(timeline) < 2:
+        return None
+    return calibrate_segments(cluster, shaper, timeline, seconds)
 
 
 def _rates(cluster: Any, shaper: Any, segments: Sequence[Segment], link: Link) -> list[tuple[int, Check]]:

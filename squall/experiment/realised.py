@@ -92,7 +92,7 @@ def _spec(data: Mapping[str, Any]) -> LinkSpec:
     try:
         jitter_data = dict(data.get("jitter", {}))
         jitter = Jitter(int(jitter_data.get("amount_us", 0)), Distribution(jitter_data.get("distribution", "uniform")),
-                        float(jitter_data.get("correlation_pct", 0.0)))
+                        float(jitter_data.get("correlation", 0.0)))
         loss_data = dict(data.get("loss", {}))
         ge = loss_data.pop("gemodel", None)
         loss = Loss(**loss_data, gemodel=GilbertElliott(**ge) if ge else None)

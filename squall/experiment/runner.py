@@ -98,16 +98,14 @@ class Labs:
 def _segments(spec: RunSpec, lab: Lab, workers: int) -> dict[str, Any] | None:
     """A profile whose links change during the run: each segment of its timeline judged
     (:mod:`squall.calibration.segments`) over the run's length; None for a profile that holds still."""
-    from squall.calibration.segments import calibrate_segments
-    from squall.profiles import load_profile
-    from squall.shaping import link_timeline
+    from squall.calibration.segments import calibrate_profile_over
 
     seconds = spec.seconds if spec.seconds is not None else 60.0
-    timeline = link_timeline(load_profile(spec.profile), workers, seconds)
-    if len(timeline) < 2 or lab.cluster is None or lab.shaper is None:
+    if lab.cluster is None or lab.shaper is None:
         return None
     try:
-        return calibrate_segments(lab.cluster, lab.shaper, timeline, seconds).to_dict()
+        report = calibrate_profile_over(spec.profile, lab.cluster, lab.shaper, workers, seconds)
+        return report.to_dict() if report is not None else None
     except Exception as exc:  # a run is not refused for it: the report says it is missing
         logger.warning("%s: the per-segment calibration failed: %s", spec.profile, exc)
         return None

@@ -39,7 +39,7 @@ from squall.profiles.units import (
     DURATION_ALLOWED,
     UnitError,
     format_duration_us,
-    format_percent,
+    format_probability,
     format_rate_bps,
     parse_duration_us,
 )
@@ -121,8 +121,8 @@ def format_value(field: str, value: object) -> str:
         return text + (f" {value.distribution.value}" if value.amount_us and value.distribution != "uniform" else "")
     if isinstance(value, Loss):
         if value.gemodel is not None:
-            return f"ge ~{format_percent(round(value.gemodel.mean_loss_pct, 3))}"
-        return format_percent(value.percent)
+            return f"ge ~{format_probability(round(value.gemodel.mean_loss, 5))}"
+        return format_probability(value.probability)
     if field == "rate_bps":
         return format_rate_bps(value) if isinstance(value, int) else "unlimited"
     if isinstance(value, int):

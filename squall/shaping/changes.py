@@ -79,7 +79,7 @@ def cuts_as_loss(state: LinkState) -> LinkState:
         return state
     links = dict(state.links)
     for pair in state.blocked:
-        links[pair] = dataclasses.replace(links.get(pair, LinkSpec()), loss=Loss(percent=100.0))
+        links[pair] = dataclasses.replace(links.get(pair, LinkSpec()), loss=Loss(probability=1.0))
     return LinkState(links=links, node_links=state.node_links)
 
 

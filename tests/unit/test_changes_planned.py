@@ -42,8 +42,8 @@ def test_the_timeline_has_one_state_per_change() -> None:
 def test_a_cut_is_a_link_that_loses_everything() -> None:
     state = cuts_as_loss(LinkState({(1, 2): LinkSpec(delay_us=5)}, blocked=frozenset({(1, 2), (2, 0)})))
     assert state.blocked == frozenset()
-    assert state.links[(1, 2)] == LinkSpec(delay_us=5, loss=Loss(percent=100.0))
-    assert state.links[(2, 0)].loss.percent == 100.0
+    assert state.links[(1, 2)] == LinkSpec(delay_us=5, loss=Loss(probability=1.0))
+    assert state.links[(2, 0)].loss.probability == 1.0
 
 
 @pytest.mark.parametrize("backend", ["netem", "nfqueue"])

@@ -17,7 +17,7 @@ RATE = 500.0
 
 
 def state(delay_ms: float, loss_pct: float = 0.0) -> LinkState:
-    spec = LinkSpec(delay_us=int(delay_ms * 1000), loss=Loss(percent=loss_pct))
+    spec = LinkSpec(delay_us=int(delay_ms * 1000), loss=Loss(probability=loss_pct / 100))
     return LinkState({(0, 1): spec, (1, 0): spec})
 
 
