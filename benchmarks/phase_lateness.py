@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from squall.calibration.observations import raw_samples
+from squall.calibration.observations import Sample, raw_samples
 from squall.calibration.probing import finish_udp, start_udp
 from squall.calibration.runner import calibration_spec
 from squall.cluster import Cluster
@@ -75,7 +75,7 @@ def busy(count: int) -> Iterator[None]:
             proc.wait()
 
 
-def packet_lateness(samples: list[Any], due_wall: float, slow_after: bool, until_wall: float) -> float | None:
+def packet_lateness(samples: list[Sample], due_wall: float, slow_after: bool, until_wall: float) -> float | None:
     """Seconds from ``due_wall`` to the first packet sent after it with the new setting (None: none before
     ``until_wall``)."""
     for s in sorted(samples, key=lambda s: s.send_wall):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 import pytest
 
@@ -14,7 +15,7 @@ from squall.shaping.changes import Keep, TimedState, cuts_as_loss, pairs_ever, p
 from squall.shaping.netem.plan import needs_netem, plan_netem
 from squall.shaping.netlink import NLMSGHDR
 from squall.shaping.nfqueue.plan import delays_in_daemon, link_params, plan_nfqueue
-from squall.shaping.ops import ClassOp, Pfifo, QdiscOp, handle
+from squall.shaping.ops import ClassOp, NodePlan, Pfifo, QdiscOp, handle
 from squall.shaping.scheduled import Agenda, NamespaceRef, Schedule, ScheduleEntry
 from squall.shaping.tcdiff import TcStep
 from squall.shaping.tcwire import RTM_NEWTCLASS, burst_ticks, change_message, split, with_seq
@@ -27,8 +28,8 @@ PROFILE = profile_from_data({
     "churn": {"events": [{"at": "1.5s", "kind": "link_down", "link": "1 -> 2", "duration": "1s"}]}})
 
 
-def netem_planner(state: LinkState, keep: Keep) -> dict[int, object]:
-    return plan_netem(EPS, state, keep.leaves)  # type: ignore[return-value]
+def netem_planner(state: LinkState, keep: Keep) -> Mapping[int, NodePlan]:
+    return plan_netem(EPS, state, keep.leaves)
 
 
 def test_the_timeline_has_one_state_per_change() -> None:
@@ -54,7 +55,10 @@ def test_every_change_of_a_run_is_in_place(backend: str) -> None:
     else:
         keep = Keep(leaves=pairs_ever(timeline, lambda s: s.rate_bps is not None),
                     queues=pairs_ever(timeline, lambda s: delays_in_daemon(link_params(s))))
-        planned = plan_in_place(timeline, lambda st, k: plan_nfqueue(EPS, st, leaves=k.leaves, queues=k.queues), keep)
+        def planner(st: LinkState, k: Keep) -> Mapping[int, NodePlan]:
+            return plan_nfqueue(EPS, st, leaves=k.leaves, queues=k.queues)
+
+        planned = plan_in_place(timeline, planner, keep)
     assert len(planned) == len(timeline)
     steps = [step for change in planned[1:] for node in change.steps.values() for step in node]
     assert steps and {step.verb for step in steps} == {"change"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from squall.profiles import ChurnKind, ProfileError, load_profile, parse_profile
+from squall.profiles import ChurnKind, Loss, ProfileError, load_profile, parse_profile
 from squall.profiles.availability import parse_availability
 from squall.profiles.traces import MAX_TRACE_BYTES, MAX_TRACE_ROWS, MIN_STEP_US, parse_trace
 
@@ -20,7 +20,7 @@ def test_a_csv_trace_reads_every_row_in_profile_units() -> None:
     assert trace.columns == ("delay", "rate", "loss")
     assert [row.at_us for row in trace.rows] == [0, 1_000_000, 2_500_000]
     first = dict(trace.rows[0].values)
-    assert first["delay_us"] == 20_000 and first["rate_bps"] == 25_000_000 and first["loss"].probability == 0.01
+    assert first["delay_us"] == 20_000 and first["rate_bps"] == 25_000_000 and first["loss"] == Loss(probability=0.01)
 
 
 def test_each_row_holds_until_the_next() -> None:
