@@ -34,13 +34,14 @@ from squall.calibration.plan import TransferPlan
 from squall.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import (
-    CalibrationOutcome,
     Check,
     check_delay,
     check_loss,
     check_rate,
     loss_packets_needed,
+    overall,
 )
+from squall.checks.verdict import Validity
 from squall.profiles import load_profile
 from squall.shaping import LinkState, Shaper, TimedState, link_timeline
 from squall.shaping.base import SchedulingShaper
@@ -84,7 +85,7 @@ class SegmentReport:
         counts: dict[str, int] = {}
         for _, check in self.checks:
             if check.metric == metric:
-                counts[check.verdict.value] = counts.get(check.verdict.value, 0) + 1
+                counts[check.verdict] = counts.get(check.verdict, 0) + 1
         return counts
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,7 +235,7 @@ def summary_table(report: SegmentReport) -> str:
     for index, check in report.checks:
         measured = "-" if check.measured is None or math.isnan(check.measured) else f"{check.measured:.3g}"
         by_segment.setdefault(index, []).append(
-            f"{check.metric} {check.configured:.3g}/{measured} {check.unit} {check.verdict.value}")
+            f"{check.metric} {check.configured:.3g}/{measured} {check.unit} {check.verdict}")
     for index, quantity, _ in report.too_short:
         by_segment.setdefault(index, []).append(f"{quantity} too short")
     lines = []
@@ -249,4 +250,4 @@ def summary_table(report: SegmentReport) -> str:
 
 def passed(report: SegmentReport) -> bool:
     """Whether every judged check passed (too-short segments are not failures; they are listed)."""
-    return all(check.verdict == CalibrationOutcome.PASSED for _, check in report.checks)
+    return overall(check for _, check in report.checks) is Validity.PASS

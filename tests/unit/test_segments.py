@@ -59,16 +59,16 @@ def judge_all(samples: list[Sample], sent: list[tuple[int, float]]) -> list[tupl
 def test_a_correct_link_passes_every_segment_it_can_judge() -> None:
     samples, sent = probes(TIMELINE, 5.0)
     results = judge_all(samples, sent)
-    delays = [(i, c.verdict.value) for i, checks, _ in results for c in checks if c.metric == "delay"]
+    delays = [(i, c.verdict) for i, checks, _ in results for c in checks if c.metric == "delay"]
     assert delays == [(0, "passed"), (1, "passed"), (2, "passed"), (3, "passed")]
-    losses = [c.verdict.value for _, checks, _ in results for c in checks if c.metric == "rtt_loss"]
+    losses = [c.verdict for _, checks, _ in results for c in checks if c.metric == "rtt_loss"]
     assert losses and set(losses) == {"passed"}
 
 
 def test_a_wrong_delay_fails_its_segments() -> None:
     samples, sent = probes(TIMELINE, 5.0, lie_ms=3.0)
     results = judge_all(samples, sent)
-    assert {c.verdict.value for _, checks, _ in results for c in checks if c.metric == "delay"} == {"failed"}
+    assert {c.verdict for _, checks, _ in results for c in checks if c.metric == "delay"} == {"failed"}
 
 
 def test_a_short_segment_is_listed_not_judged() -> None:
