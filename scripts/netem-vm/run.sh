@@ -39,7 +39,7 @@ INITRD="${built[1]}"
 # module) under TCG on every run, which took 1-2 min of each run. (A failure here only costs time.)
 PY="$REPO/.venv/bin/python"
 if [ -x "$PY" ]; then
-    env -u PYTHONDONTWRITEBYTECODE "$PY" -m compileall -q -j 0 "$REPO/harness" "$REPO/protocols" "$REPO/tests" \
+    env -u PYTHONDONTWRITEBYTECODE "$PY" -m compileall -q -j 0 "$REPO/squall" "$REPO/tests" \
         >/dev/null 2>&1 || true
     (cd "$REPO" && env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q --collect-only -p no:cacheprovider \
         tests/integration/test_shaping_backends.py tests/netem_vm/guest_backends.py \
