@@ -15,13 +15,25 @@ from typing import Final
 import numpy as np
 import torch
 
-from fuzz.targets import FUZZ_LIMITS
+from fuzz.targets import DEMO_LIMITS, FUZZ_LIMITS
 from squall.protocols.al_dsgd.exchange import make_header, pack
+from squall.protocols.demo.wire import SCHEMA as DEMO_SCHEMA
+from squall.protocols.demo.wire import payload_of
 from squall.protocols.dropcompute.abort import encode_notice
 from squall.protocols.moshpit import messages as moshpit
 from squall.protocols.moshpit.membership import Heartbeat
 from squall.protocols.swarm.frames import Frame, FrameKind, frame_bytes, to_message
-from squall.training.compress import SCHEMAS, DenseFloat16, DenseFloat32, GroupQuant, LatticeCompressor, RandK, TopK
+from squall.training.compress import (
+    SCHEMAS,
+    DenseFloat16,
+    DenseFloat32,
+    Fp4E3M0,
+    GroupQuant,
+    LatticeCompressor,
+    RandK,
+    TopK,
+)
+from squall.training.compress.fp4 import SCHEMA as FP4_SCHEMA
 from squall.training.compress.lattice import Encoded, encode
 from squall.wire import Message, MsgType, chunk_messages, encode_datagram, encode_message, pack_compressed
 
@@ -140,9 +152,20 @@ def straggler_seeds() -> list[bytes]:
     return [_frame(m) for m in notices] + [_frame(Message.of_tensor(t, round=4, tag=11)) for t in tensors]
 
 
+def lowcomm_seeds() -> list[bytes]:
+    """FP4 E3M0 payloads (first byte even) and DeMo pairs for the target's model (first byte odd)."""
+    x = np.linspace(-1.0, 1.0, 300).astype(np.float32)
+    fp4 = [Fp4E3M0(group=g).encode(x) for g in (64, 300)] + [Fp4E3M0().encode(np.zeros(3, np.float32))]
+    seeds = [bytes([2 * k]) + pack_compressed(p, FP4_SCHEMA, limits=FUZZ_LIMITS) for k, p in enumerate(fp4)]
+    pairs = len(DEMO_LIMITS)
+    index = np.zeros(pairs, dtype=np.int64)
+    demo = payload_of(torch.from_numpy(index), torch.linspace(-1, 1, pairs), k=32, tile=4096)
+    return [*seeds, b"\x01" + pack_compressed(demo, DEMO_SCHEMA, limits=FUZZ_LIMITS)]
+
+
 SEEDS: Final = {"wire": wire_seeds, "framing": framing_seeds, "udp": udp_seeds, "swarm": swarm_seeds,
                 "moshpit": moshpit_seeds, "compressed": compressed_seeds, "stragglers": straggler_seeds,
-                "profile": profile_seeds, "trace": trace_seeds}
+                "profile": profile_seeds, "trace": trace_seeds, "lowcomm": lowcomm_seeds}
 #: Inputs that once were findings (``regression-*``, kept by hand) stay when the seeds are rewritten.
 REGRESSION_PREFIX: Final = "regression-"
 

@@ -22,10 +22,14 @@ from squall.profiles import ProfileError, parse_profile
 from squall.profiles.availability import parse_availability
 from squall.profiles.traces import parse_trace
 from squall.protocols.al_dsgd.exchange import HEADER_LEN, parse_header
+from squall.protocols.demo.dct import plan as demo_plan
+from squall.protocols.demo.wire import SCHEMA as DEMO_SCHEMA
+from squall.protocols.demo.wire import check_indices, chunk_limits
 from squall.protocols.dropcompute.abort import decode_notice
 from squall.protocols.moshpit import messages as moshpit
 from squall.protocols.swarm.frames import FrameError, from_message, parse_frame
-from squall.training.compress import COMPRESSORS, SCHEMAS
+from squall.training.compress import COMPRESSORS, SCHEMAS, Fp4E3M0
+from squall.training.compress.fp4 import SCHEMA as FP4_SCHEMA
 from squall.transport.reassembly import Reassembler
 from squall.wire import (
     FrameDecoder,
@@ -145,6 +149,31 @@ def straggler_messages(data: bytes) -> None:
             assert loss >= 0 and np.isfinite(loss)
 
 
+FP4_SCHEMAS: Final = {FP4_SCHEMA.compressor: FP4_SCHEMA}
+DEMO_SCHEMAS: Final = {DEMO_SCHEMA.compressor: DEMO_SCHEMA}
+#: The model DeMo's fuzzed pairs are checked against: a 64 x 64 matrix, a 97 x 128 one and a 128-vector.
+DEMO_PLANS: Final = tuple(demo_plan(s, chunk=64, k=32) for s in ((64, 64), (97, 128), (128,)))
+DEMO_LIMITS: Final = chunk_limits(DEMO_PLANS)
+
+
+def lowcomm(data: bytes) -> None:
+    """The low-communication family's decoders: an even first byte feeds the rest to the FP4 E3M0 payload
+    decoder (``squall/training/compress/fp4.py``: ``unpack_compressed`` against its schema, then ``decode``),
+    an odd one to DeMo's (``squall/protocols/demo/wire.py``: the schema, then ``check_indices`` against
+    :data:`DEMO_PLANS`). What decodes has the claimed length and is finite."""
+    if not data:
+        return
+    if data[0] % 2 == 0:
+        payload = unpack_compressed(data[1:], FP4_SCHEMAS, limits=FUZZ_LIMITS)
+        values = Fp4E3M0.for_payload(payload).decode(payload).values
+        assert values.shape == (payload.numel,) and np.isfinite(values).all()
+        return
+    payload = unpack_compressed(data[1:], DEMO_SCHEMAS, limits=FUZZ_LIMITS)
+    if payload.numel == len(DEMO_LIMITS):
+        check_indices(payload, DEMO_LIMITS, sender=1)
+        assert np.isfinite(payload.arrays["values"]).all()
+
+
 def profile(data: bytes) -> None:
     """A profile file's bytes -> a validated Profile (``squall/profiles`` parse_profile)."""
     parse_profile(data, "fuzz.yaml")
@@ -178,4 +207,5 @@ TARGETS: Final[dict[str, Target]] = {
     "stragglers": (straggler_messages, (WireError, ValueError)),
     "profile": (profile, (ProfileError,)),
     "trace": (trace, (ProfileError,)),
+    "lowcomm": (lowcomm, (WireError, ValueError)),
 }

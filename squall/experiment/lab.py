@@ -73,6 +73,18 @@ class RunSpec:
         lookup(self.protocol)  # unknown protocol: KeyError naming the known ones
 
 
+def device_config(profile_device: Mapping[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """A node's emulated device: the profile's settings, the run's ``device`` keys over them, the run's seed.
+
+    The run's keys win (a matrix can hold every cell to one ``step_time_s`` whatever its profile says);
+    the profile's other keys (per-node slow-downs, stragglers) stay.
+    """
+    run = spec.config.get("device") or {}
+    if not isinstance(run, Mapping):
+        raise ExperimentError(f"{spec.protocol}: config.device must be a mapping of device settings, got {run!r}")
+    return {**profile_device, "seed": spec.seed, **{k: v for k, v in run.items() if k != "node"}}
+
+
 class Lab:
     """A cluster and a shaper, reused across cells."""
 
@@ -140,7 +152,7 @@ class Lab:
         self.progress.stage("shaping", f"{spec.protocol} on {profile.name}")
         proto = lookup(spec.protocol)
         config = self._config(spec, proto.config)
-        per_node = {i: {"device": {**profile.device(i, self.workers).to_dict(), "seed": spec.seed}}
+        per_node = {i: {"device": device_config(profile.device(i, self.workers).to_dict(), spec)}
                     for i in range(self.workers)}
         duration = spec.seconds if spec.seconds is not None else 600.0
         if spec.replay is not None:

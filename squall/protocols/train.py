@@ -31,6 +31,7 @@ from squall.training.config import RunConfig, run_config
 from squall.training.device import DeviceModel
 from squall.training.loop import train as train_loop
 from squall.training.optim import Sgd
+from squall.training.payload import Payload
 from squall.training.run import job_result
 from squall.training.vote import TransportVote
 from squall.transport import TcpTransport, Transport
@@ -66,7 +67,7 @@ async def _train(ctx: JobContext, config: RunConfig, build: AlgorithmFactory | N
             algorithm = build(transport, Sgd(config.sgd))
         else:
             algorithm = make_algorithm(
-                config.algorithm, transport, optimizer=Sgd(config.sgd), options=config.algorithm_args
+                config.algorithm, transport, optimizer=Sgd(config.sgd), options=config.algorithm_options()
             )
         result = await train_loop(
             task,
@@ -79,4 +80,6 @@ async def _train(ctx: JobContext, config: RunConfig, build: AlgorithmFactory | N
             vote=TransportVote(transport),
             write=ctx.metrics.write,
         )
-    return job_result(ctx, task=config.task, algorithm=config.algorithm, dim=task.dim, summary=result.summary())
+    extra = {} if config.payload is None else {"payload": Payload.parse(config.payload).describe(task.dim)}
+    return job_result(ctx, task=config.task, algorithm=config.algorithm, dim=task.dim, summary=result.summary(),
+                      **extra)

@@ -18,6 +18,9 @@ Keys (all optional; defaults in brackets):
 ``device``          emulated compute: ``step_time_s``, ``slowdown``, ``straggler_probability``,
                     ``straggler_factor``, ``noise_sigma``, ``microbatch_noise``,
                     ``microbatch_delay_factor``, ``seed`` [real compute only]
+``payload``         emulated payload of the synchronised state: ``{"params": "124M", "dtype":
+                    "bf16"}`` (:mod:`squall.training.payload`); given to the algorithm as its
+                    ``payload`` option, so only algorithms that emulate one accept it [none]
 ``port``            data-plane TCP port [29500]; ``timeout``: transport deadline in s [60]
 ==================  ======================================================================
 """
@@ -31,6 +34,7 @@ from typing import Any
 from squall.job import JobContext
 from squall.training.loop import LoopConfig, Target
 from squall.training.optim import LrSchedule, SgdConfig
+from squall.training.payload import Payload
 from squall.training.tasks import Task, make_task
 
 KEYS = frozenset(
@@ -55,6 +59,7 @@ KEYS = frozenset(
         "target",
         "seed",
         "device",
+        "payload",
         "port",
         "timeout",
     }
@@ -77,6 +82,7 @@ class RunConfig:
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=DEFAULT_STEPS))  # budgets, evaluation, lr
     sgd: SgdConfig = field(default_factory=SgdConfig)  # local optimiser
     device: Mapping[str, Any] = field(default_factory=dict)  # DeviceModel.from_config input
+    payload: Mapping[str, Any] | None = None  # Payload.parse input; None: the algorithm's own bytes
     port: int = DEFAULT_PORT  # data-plane port
     timeout: float = DEFAULT_TIMEOUT_S  # transport's default deadline
 
@@ -121,13 +127,29 @@ class RunConfig:
             loop=loop,
             sgd=sgd,
             device=dict(obj.get("device") or {}),
+            payload=_payload(obj.get("payload")),
             port=int(obj.get("port", DEFAULT_PORT)),
             timeout=float(obj.get("timeout", DEFAULT_TIMEOUT_S)),
         )
 
+    def algorithm_options(self) -> dict[str, Any]:
+        """The algorithm's options: ``algorithm_args``, plus the run's ``payload`` when it has one."""
+        options = dict(self.algorithm_args)
+        if self.payload is not None:
+            options["payload"] = dict(self.payload)
+        return options
+
     def build_task(self) -> Task:
         """The configured task, sharding and ballast included."""
         return make_task(self.task, sharding=self.sharding, ballast_mb=self.ballast_mb, **self.task_args)
+
+
+def _payload(obj: Any) -> Mapping[str, Any] | None:
+    """The ``payload`` key, checked (:meth:`Payload.parse` raises naming what is wrong)."""
+    if obj is None:
+        return None
+    Payload.parse(obj)
+    return dict(obj)
 
 
 #: Seconds kept free before the job's deadline (final evaluation, goodbyes, result file).

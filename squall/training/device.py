@@ -6,6 +6,11 @@ the compute phase of step ``k`` is padded with a sleep until it lasts::
     step_time_s * step_factor(k)      (when step_time_s is set)
     real_compute * step_factor(k)     (when it is not: only the slow-down is emulated)
 
+A step whose real compute is longer than its emulated duration cannot be shortened: it lasts its
+real time, and :meth:`DeviceModel.overrun` says by how much. The loop adds the overruns up and a
+run whose total passes :data:`OVERRUN_TOLERANCE` of its emulated compute time is reported as an
+invalid emulation (:func:`emulation_valid`), not silently as a slower device.
+
 ``step_factor(k) = slowdown x (straggler_factor with probability straggler_probability) x
 LogNormal(0, noise_sigma)``, drawn from a generator seeded by (seed, node, step). This is the
 only definition of the draws: the harness's ``DeviceSpec`` is plain data (its ``to_dict()`` is
@@ -96,6 +101,16 @@ def _dropcompute_cdf() -> tuple[float, ...]:
     return tuple(cdf)
 
 
+#: A run's emulation is invalid when real compute outlasted the emulated steps by more than this
+#: fraction of the emulated compute time in total: its compute utilization is then off by as much.
+OVERRUN_TOLERANCE: Final = 0.01
+
+
+def emulation_valid(overrun_s: float, emulated_s: float) -> bool:
+    """True when the steps' total overrun is within :data:`OVERRUN_TOLERANCE` of the emulated compute time."""
+    return overrun_s <= OVERRUN_TOLERANCE * emulated_s
+
+
 @dataclass(frozen=True)
 class DeviceModel:
     """Compute speed of one node (see the module docstring)."""
@@ -184,11 +199,30 @@ class DeviceModel:
             * math.exp(self.noise_sigma**2 / 2)
         )
 
+    def nominal_time(self, step: int, real_s: float) -> float:
+        """The emulated duration of ``step``'s compute phase: ``step_time_s x factor`` (with ``step_time_s``),
+        else ``real_s x max(1, factor)``; what the phase lasts when real compute is no longer."""
+        if self.step_time_s is not None:
+            return self.step_time_s * self.step_factor(step)
+        return real_s * max(1.0, self.step_factor(step))
+
     def compute_time(self, step: int, real_s: float) -> float:
         """How long the compute phase of ``step`` should last, given that real compute took ``real_s``."""
-        if self.step_time_s is not None:
-            return max(real_s, self.step_time_s * self.step_factor(step))
-        return real_s * max(1.0, self.step_factor(step))
+        return max(real_s, self.nominal_time(step, real_s))
+
+    def overrun(self, step: int, real_s: float) -> float:
+        """Seconds by which real compute of ``real_s`` outlasted the emulated step (0 without ``step_time_s``).
+
+        Such a step lasted longer than the device it emulates: the run is then slower than the
+        emulated accelerator would be (see :func:`emulation_valid`).
+        """
+        if self.step_time_s is None:
+            return 0.0
+        return max(0.0, real_s - self.nominal_time(step, real_s))
+
+    def settings(self) -> dict[str, Any]:
+        """The configuration as plain data (the keys of :data:`KEYS`), for results."""
+        return {key: getattr(self, key) for key in KEYS}
 
     def padding(self, step: int, real_s: float) -> float:
         """Seconds to sleep after real compute of ``real_s`` so that the step lasts :meth:`compute_time`."""

@@ -63,7 +63,8 @@ class _LockStep:
         t_start = self.clock()
         loss, grad = self.task.loss_and_grad(self.x, next(batches))
         real = self.clock() - t_start
-        pad = self.device.padding(k, real) if self.device is not None else 0.0
+        device = self.device
+        pad = device.padding(k, real) if device is not None else 0.0
         if pad > 0:
             await asyncio.sleep(pad)
         t_comm = self.clock()
@@ -72,7 +73,9 @@ class _LockStep:
         self.x = await self.algorithm.step(k, self.x, grad, lr)
         comm = self.clock() - t_comm
         return driver.step_done(k, lr=lr, loss=loss, compute_s=real, sleep_s=slept, comm_s=comm,
-                                step_s=self.clock() - t_start)
+                                step_s=self.clock() - t_start,
+                                emulated_s=None if device is None else device.nominal_time(k, real),
+                                overrun_s=0.0 if device is None else device.overrun(k, real))
 
 
 async def train(
@@ -105,9 +108,12 @@ async def train(
     shapes = task.tensor_shapes
     if shapes is not None:
         algorithm.bind_tensors(shapes)
+        names = task.tensor_names
+        if names is not None:
+            algorithm.bind_names(names)
     run = _LockStep(task, algorithm, config, x, device=device, clock=clock)
     driver = Driver(task, StopRules.lockstep(config, vote), rank=rank, model=lambda: run.x, write=write,
-                    traffic=traffic, stats=algorithm.stats, clock=clock)
+                    traffic=traffic, stats=algorithm.stats, clock=clock, device=device)
     batches = task.batches(rank, world_size, config.seed, config.batch_size)
     await vote(0, False)  # start barrier: budgets count from here on every rank
     done, stopped_by = 0, await driver.begin()

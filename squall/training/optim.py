@@ -1,8 +1,12 @@
-"""SGD over a flat parameter vector (momentum, Nesterov, weight decay) and learning-rate schedules.
+"""Local optimisers over a flat parameter vector (SGD, AdamW) and learning-rate schedules.
 
 Protocols apply the local optimiser where their algorithm says (before or after mixing, on the
 averaged gradient, on the server), so the optimiser is a small object with explicit state
-rather than a ``torch.optim`` instance bound to module parameters.
+rather than a ``torch.optim`` instance bound to module parameters. Both follow
+:class:`LocalOptimizer`: ``update(params, grad, lr)`` returns new parameters, ``reset()`` forgets
+the state. :class:`Sgd` has momentum, Nesterov and L2 weight decay; :class:`AdamW` is
+``torch.optim.AdamW``'s update (decoupled weight decay, bias-corrected moments), element for
+element.
 """
 
 from __future__ import annotations
@@ -10,11 +14,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 SCHEDULES = ("constant", "step", "cosine")
+
+
+class LocalOptimizer(Protocol):
+    """What a protocol needs of a local optimiser."""
+
+    def update(self, params: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """New parameters (a new tensor; ``params`` is not modified)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the optimiser's state."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,56 @@ class Sgd:
     def reset(self) -> None:
         """Forget the momentum buffer."""
         self._buffer = None
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """AdamW settings (Loshchilov and Hutter; torch's defaults but for the weight decay)."""
+
+    beta1: float = 0.9  # first-moment decay
+    beta2: float = 0.999  # second-moment decay
+    eps: float = 1e-8  # added to the root of the second moment
+    weight_decay: float = 0.0  # decoupled: x <- x (1 - lr wd) before the Adam step
+
+    def __post_init__(self) -> None:
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"adamw: {name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            raise ValueError(f"adamw: eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"adamw: weight_decay must be >= 0, got {self.weight_decay}")
+
+
+class AdamW:
+    """``torch.optim.AdamW`` on a flat vector: moments ``m``, ``v`` and a step count kept here.
+
+    ``x <- x (1 - lr wd)``, ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``, then
+    ``x <- x - lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps)``.
+    """
+
+    def __init__(self, config: AdamWConfig | None = None) -> None:
+        self.config = config or AdamWConfig()
+        self._m: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.steps = 0
+
+    def update(self, params: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """New parameters (a new tensor; ``params`` is not modified)."""
+        cfg = self.config
+        if self._m is None or self._v is None:
+            self._m, self._v = torch.zeros_like(params), torch.zeros_like(params)
+        self.steps += 1
+        self._m.mul_(cfg.beta1).add_(grad, alpha=1 - cfg.beta1)
+        self._v.mul_(cfg.beta2).addcmul_(grad, grad, value=1 - cfg.beta2)
+        denom = (self._v.sqrt() / math.sqrt(1 - cfg.beta2**self.steps)).add_(cfg.eps)
+        out = params * (1 - lr * cfg.weight_decay) if cfg.weight_decay else params.clone()
+        return out.addcdiv_(self._m, denom, value=-lr / (1 - cfg.beta1**self.steps))
+
+    def reset(self) -> None:
+        """Forget the moments and the step count."""
+        self._m = self._v = None
+        self.steps = 0
 
 
 @dataclass(frozen=True)

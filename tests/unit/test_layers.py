@@ -51,7 +51,7 @@ LAYERS: tuple[Layer, ...] = (
     _layer("transport", "worker", {"squall.transport"}, {"wire"}),
     _layer("job interface", "worker", {"squall.job"}),
     _layer("training", "worker", {"squall.training"}, {"wire", "transport", "job interface"}),
-    _layer("shared", "worker", {"squall.collectives", "squall.gossip"}, WORKER_BASE),
+    _layer("shared", "worker", {"squall.collectives", "squall.gossip", "squall.lowcomm"}, WORKER_BASE),
     _layer("protocol folders", "worker", set(), WORKER_BASE | {"shared"}),
     _layer("entry", "worker",
            {"squall.protocols", "squall.protocols.catalog", "squall.protocols.train", "squall.worker", "squall.bench",

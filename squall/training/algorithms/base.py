@@ -64,6 +64,11 @@ class Algorithm(ABC):
         """
         return None
 
+    def bind_names(self, names: tuple[str, ...]) -> None:
+        """Told once, after :meth:`bind_tensors`, the names of those tensors where the task gives them
+        (Streaming DiLoCo groups a transformer's blocks into fragments by name). By default nothing."""
+        return None
+
 
 class LocalOnly(Algorithm):
     """No communication: every rank trains alone on its shard (a lower bound for every protocol)."""

@@ -9,6 +9,7 @@
 * :mod:`~squall.training.compress.topk`: :class:`TopK`, values and indices;
 * :mod:`~squall.training.compress.randk`: :class:`RandK`, shared-seed coordinates, unbiased;
 * :mod:`~squall.training.compress.quant`: :class:`GroupQuant`, group-wise asymmetric INT8/INT4;
+* :mod:`~squall.training.compress.fp4`: :class:`Fp4E3M0`, 4-bit floats (Streaming DiLoCo's outer gradients);
 * :mod:`~squall.training.compress.arc`: :class:`ArcTopK`, ARC-Top-K's shared sketch and row
   selection (a shared-support compression without a payload: its all-reduces carry plain float32);
 * :mod:`~squall.training.compress.feedback`: error feedback (none, EF14, EF21, EF21M) and
@@ -25,6 +26,7 @@ compression        summable  indices    all-reduce
 ``ArcTopK``        yes       shared     ring of the sketch, then ring of the selected rows
 ``TopK``           no        own        all-gather of the payloads (values and indices)
 ``GroupQuant``     no        none       two-step (all-to-all, all-gather), or ring requantizing per hop
+``Fp4E3M0``        no        none       the same as ``GroupQuant``
 ``Lattice...``     no        none       none: it decodes against the receiver's own reference
 =================  ========  =========  =========================================================
 
@@ -42,6 +44,7 @@ from squall.training.compress.arc import ArcTopK
 from squall.training.compress.base import Compression, Compressor, Decoded, Guarantees, SharedSupport, Support
 from squall.training.compress.dense import DenseCompressor, DenseFloat16, DenseFloat32
 from squall.training.compress.feedback import EF_VARIANTS, CompressedSGD, ErrorFeedback, FeedbackConfig
+from squall.training.compress.fp4 import Fp4E3M0
 from squall.training.compress.lattice import LatticeCompressor
 from squall.training.compress.quant import GroupQuant
 from squall.training.compress.randk import RandK
@@ -50,7 +53,7 @@ from squall.wire import PayloadSchema
 
 #: Every compressor with a payload, by its id on the wire.
 COMPRESSORS: Final[MappingProxyType[str, type[Compressor]]] = MappingProxyType(
-    {cls.name: cls for cls in (DenseFloat32, DenseFloat16, LatticeCompressor, TopK, RandK, GroupQuant)}
+    {cls.name: cls for cls in (DenseFloat32, DenseFloat16, LatticeCompressor, TopK, RandK, GroupQuant, Fp4E3M0)}
 )
 #: The schema of every compressor's payloads, by id: what a receiver accepts.
 SCHEMAS: Final[MappingProxyType[str, PayloadSchema]] = MappingProxyType(
@@ -71,6 +74,7 @@ __all__ = [
     "DenseFloat32",
     "ErrorFeedback",
     "FeedbackConfig",
+    "Fp4E3M0",
     "GroupQuant",
     "Guarantees",
     "LatticeCompressor",

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from squall.training.device import DeviceModel, emulation_valid
 from squall.training.fingerprint import Projector
 from squall.training.run.records import (
     MetricsSink,
@@ -63,6 +64,8 @@ class Driver:
     :param traffic: cumulative counters of this rank's transport, for the records.
     :param stats: the protocol's own record fields.
     :param on_target: awaited once, when this rank's evaluation first meets the target.
+    :param device: the emulated device the steps ran on: its settings, emulated compute time and
+        overruns go into the result (``device``; see :func:`~squall.training.device.emulation_valid`).
     """
 
     def __init__(
@@ -77,8 +80,10 @@ class Driver:
         stats: StatsFn = _no_stats,
         on_target: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        device: DeviceModel | None = None,
     ) -> None:
         self.task, self.rules, self.config = task, rules, rules.config
+        self.device = device
         self.rank, self.model, self.write, self.traffic, self.stats = rank, model, write, traffic, stats
         self.on_target, self.clock = on_target, clock
         self.projector = Projector(task.dim, self.config.projection_dim, span=getattr(task, "model_dim", None))
@@ -119,11 +124,21 @@ class Driver:
         return scores
 
     def step_done(self, k: int, *, lr: float, loss: float, compute_s: float, sleep_s: float, comm_s: float,
-                  step_s: float) -> dict[str, Any]:
-        """Account step ``k`` (0-based) in the totals; returns its record fields."""
-        self.totals.compute_s += compute_s
-        self.totals.sleep_s += sleep_s
-        self.totals.comm_s += comm_s
+                  step_s: float, emulated_s: float | None = None, overrun_s: float = 0.0) -> dict[str, Any]:
+        """Account step ``k`` (0-based) in the totals; returns its record fields.
+
+        :param emulated_s: the step's nominal compute time on the emulated device (default: real
+            compute plus padding); :param overrun_s: how much real compute outlasted it.
+        """
+        totals = self.totals
+        totals.compute_s += compute_s
+        totals.sleep_s += sleep_s
+        totals.comm_s += comm_s
+        totals.step_s += step_s
+        totals.emulated_s += compute_s + sleep_s if emulated_s is None else emulated_s
+        if overrun_s > 0:
+            totals.overrun_s += overrun_s
+            totals.overrun_steps += 1
         if not math.isfinite(loss) and (self.last_loss is None or math.isfinite(self.last_loss)):
             logger.warning("rank %d: non-finite training loss %s at step %d", self.rank, loss, k)
         self.last_loss = loss
@@ -170,6 +185,20 @@ class Driver:
             stats=self.stats(),
         ))
 
+    def device_summary(self) -> dict[str, Any]:
+        """The emulated device's settings and how the run held to it (empty without an emulated device).
+
+        ``utilization`` is the emulated compute time over the time the steps took (compute, padding
+        and the protocol's communication; evaluations and stop votes are not the protocol's).
+        """
+        if self.device is None or not self.device.emulated:
+            return {}
+        t = self.totals
+        return {**self.device.settings(), "emulated_compute_s": round(t.emulated_s, 6), "steps_s": round(t.step_s, 6),
+                "utilization": round(t.emulated_s / t.step_s, 6) if t.step_s > 0 else None,
+                "overrun_steps": t.overrun_steps, "overrun_s": round(t.overrun_s, 6),
+                "valid": emulation_valid(t.overrun_s, t.emulated_s)}
+
     async def finish(self, steps: int, stopped_by: str, *, stats: Mapping[str, Any] | None = None) -> TrainResult:
         """Evaluate the final model and write the end record.
 
@@ -194,6 +223,7 @@ class Driver:
             traffic=traffic_fields(None if self.traffic is None else self.traffic()),
             fingerprint=self.projector.fingerprint(x),
             stats=dict(self.stats() if stats is None else stats),
+            device=self.device_summary(),
         )
         if self.write is not None:
             self.write(event="end", rank=self.rank, **result.summary())

@@ -42,7 +42,7 @@ STEP_TIMING = ("lr", "loss", "compute_s", "sleep_s", "comm_s", "step_s")
 TRAFFIC = ("bytes_sent", "bytes_received", "messages_sent", "messages_received")
 FINGERPRINT = ("param_hash", "norm", "projection")
 #: Summary fields of the end record besides those (:class:`~squall.training.run.result.TrainResult`).
-SUMMARY = ("steps", "stopped_by", "final_eval", "last_loss", "target_step", "eval_s", "vote_s")
+SUMMARY = ("steps", "stopped_by", "final_eval", "last_loss", "target_step", "eval_s", "vote_s", "device")
 RESERVED = frozenset({"step", "elapsed_s", "event", "rank", *STEP_TIMING, *TRAFFIC, *FINGERPRINT, *SUMMARY})
 
 

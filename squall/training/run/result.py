@@ -22,6 +22,10 @@ class Totals:
     comm_s: float = 0.0  # time training waited for communication
     eval_s: float = 0.0  # evaluations
     vote_s: float = 0.0  # agreeing on whether to stop (and, where a driver counts it, its start barrier)
+    step_s: float = 0.0  # whole steps (compute, padding and the protocol's step)
+    emulated_s: float = 0.0  # emulated compute: each step's nominal duration on the emulated device
+    overrun_s: float = 0.0  # how much real compute outlasted the emulated steps, in total
+    overrun_steps: int = 0  # steps whose real compute outlasted their emulated duration
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class TrainResult:
     traffic: dict[str, int]  # final transport counters (empty without a traffic source)
     fingerprint: Fingerprint  # of the final parameters
     stats: Mapping[str, Any] = field(default_factory=dict)  # the protocol's own final fields (its stats() hook)
+    device: Mapping[str, Any] = field(default_factory=dict)  # the emulated device and how it held (empty: none)
 
     def __post_init__(self) -> None:
         protocol_fields(self.stats)  # a protocol field may not shadow a summary field
@@ -65,6 +70,7 @@ class TrainResult:
             "param_hash": self.fingerprint.hash,
             "norm": self.fingerprint.norm,
             "projection": list(self.fingerprint.projection),
+            **({"device": dict(self.device)} if self.device else {}),
             **self.stats,
         }
 

@@ -8,6 +8,7 @@ name                      what                                                  
 ``quadratic``             least squares with a known optimum, heterogeneous ranks  20
 ``charlm``                next-character MLP on the Python docs' topics            30 577
 ``wide_mlp_digits``       MLP 64 -> 1024 -> 1024 -> 10 on digits (4.5 MB)          1 126 410
+``tinylm``                causal transformer LM on the Python docs' topics          813 952
 ========================  =======================================================  ===========
 
 :func:`make_task` builds one by name with keyword arguments, a sharding and optional ballast.
@@ -24,6 +25,7 @@ from squall.training.tasks.charlm import CharLM
 from squall.training.tasks.digits import DigitsLogReg, DigitsMLP
 from squall.training.tasks.quadratic import LeastSquares
 from squall.training.tasks.sharding import Sharding, all_shards, derive_seed, shard_indices
+from squall.training.tasks.tinylm import TinyLM
 from squall.training.tasks.wide_mlp import WideDigitsMLP
 
 TASKS: dict[str, Callable[..., Task]] = {
@@ -32,6 +34,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "quadratic": LeastSquares,
     "charlm": CharLM,
     "wide_mlp_digits": WideDigitsMLP,
+    "tinylm": TinyLM,
 }
 
 
@@ -65,6 +68,7 @@ __all__ = [
     "Sharding",
     "SupervisedTask",
     "Task",
+    "TinyLM",
     "WideDigitsMLP",
     "all_shards",
     "ballast_count",

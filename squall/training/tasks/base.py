@@ -62,6 +62,11 @@ class Task(ABC):
         """The model's tensors packed in the flat vector, in order; None when it is one vector."""
         return None
 
+    @property
+    def tensor_names(self) -> tuple[str, ...] | None:
+        """The names of :attr:`tensor_shapes`, in order (None when the task does not name them)."""
+        return None
+
 
 @dataclass(frozen=True)
 class ParamLayout:
@@ -116,6 +121,10 @@ class SupervisedTask(Task):
     @property
     def tensor_shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(shape for _, shape in self.layout.shapes)
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.layout.shapes)
 
     @property
     def train_size(self) -> int:
