@@ -103,6 +103,7 @@ class Averager:
     model_numel: int | None = None  # the task's parameter count, for the payload's padding (bind_model)
     calls: int = 0  # averages so far
     bytes_last: int = 0  # exact bytes this rank sent in the last call
+    bytes_total: int = 0  # exact bytes this rank sent in every call so far
 
     def bind_model(self, numel: int) -> None:
         """The task's parameter count (a vector about ``k`` of them is padded to ``k x params / numel``)."""
@@ -128,8 +129,11 @@ class Averager:
 
     def figures(self, numel: int) -> dict[str, int]:
         """Record fields of one average of ``numel`` elements: exact bytes sent (``avg_bytes``), the vector's
-        bytes on the wire (``avg_wire_bytes``), the latencies it costs (``avg_hops``), and ``avg_calls`` so far."""
-        return {"avg_calls": self.calls, "avg_bytes": self.bytes_sent(numel) if numel else 0,
+        bytes on the wire (``avg_wire_bytes``), the latencies it costs (``avg_hops``), and the averages so far
+        (``avg_calls``) with the exact bytes they sent (``avg_bytes_total``: the formula the transport's
+        counters are checked against)."""
+        return {"avg_calls": self.calls, "avg_bytes_total": self.bytes_total,
+                "avg_bytes": self.bytes_sent(numel) if numel else 0,
                 "avg_wire_bytes": self.wire_numel(numel) * self.payload.itemsize if numel else 0,
                 "avg_hops": self.hops}
 
@@ -147,6 +151,7 @@ class Averager:
             out = await _two_step(self.transport, wire, self.compression, round=round, timeout=self.timeout)
         self.calls += 1
         self.bytes_last = self.bytes_sent(numel)
+        self.bytes_total += self.bytes_last
         return out[:numel].to(tensor.dtype).view(tensor.shape)
 
     def describe(self) -> Mapping[str, Any]:

@@ -41,11 +41,14 @@ SHIPPED = {
     "al_dsgd": "al_dsgd",
     "lossy_sgd": "lossy_sgd", "lossy_sgd_noresync": "lossy_sgd",
     "topk": "topk", "randk": "randk", "arc_topk": "arc_topk", "lowbit_allreduce": "lowbit", "lowbit_ring": "lowbit",
+    "diloco": "diloco", "diloco_h10": "diloco", "diloco_h50": "diloco", "ddp_adamw": "diloco",
+    "streaming_diloco": "streaming_diloco", "sparta": "sparta", "demo": "demo",
 }
 SHIPPED_JOBS = {"gloo_train", "gloo_allreduce", "swarm", "moshpit", "moshpit_average", "dropcompute", "nonblocking",
                 "al_dsgd", "lossy_sgd"}
 SHIPPED_ALGORITHMS = {"local", "allreduce", "local_sgd", "dpsgd", "sgp", "matcha", "ps",
-                      "topk", "randk", "arc_topk", "lowbit_allreduce", "lowbit_ring"}
+                      "topk", "randk", "arc_topk", "lowbit_allreduce", "lowbit_ring",
+                      "diloco", "ddp_adamw", "streaming_diloco", "sparta", "demo"}
 UTILITY_JOBS = {"noop", "echo_mesh", "sleep", "fail", "sysinfo", "udp_probe", "tcp_goodput", "tcp_rtt", "train",
                 "allreduce_bench"}
 

@@ -45,6 +45,7 @@ class DeMo(Algorithm):
         self.delta: torch.Tensor | None = None  # the momentum, this replica's own
         self._limits: Any = None
         self.entries = 0
+        self.steps = 0
 
     def bind_tensors(self, shapes: Shapes) -> None:
         self.shapes = shapes
@@ -99,6 +100,7 @@ class DeMo(Algorithm):
         for sender, payload in enumerate(payloads):
             check_indices(payload, self._limits, sender=sender)
             gathered.append((torch.tensor(payload.arrays["indices"]), torch.tensor(payload.arrays["values"])))
+        self.steps += 1
         return theta.sub_(self.decode_mean(gathered).sign_(), alpha=lr)
 
     def bytes_sent(self) -> int:
@@ -107,5 +109,6 @@ class DeMo(Algorithm):
         return (n - 1) * frame_bytes(payload_bytes(self.entries)) if n > 1 else 0
 
     def stats(self) -> dict[str, Any]:
-        return {"demo_pairs": self.entries, "avg_every": 1, "overlap_steps": 0, "avg_bytes": self.bytes_sent(),
+        return {"demo_pairs": self.entries, "avg_every": 1, "overlap_steps": 0, "avg_calls": self.steps,
+                "avg_bytes_total": self.steps * self.bytes_sent(), "avg_bytes": self.bytes_sent(),
                 "avg_wire_bytes": payload_bytes(self.entries), "avg_hops": 1 if self.transport.world_size > 1 else 0}
