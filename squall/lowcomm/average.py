@@ -74,6 +74,19 @@ def ring_bytes_sent(numel: int, itemsize: int, world_size: int, rank: int = 0) -
                for start, stop in chunk_ranges(bounds[step.send_segment], bounds[step.send_segment + 1], chunk))
 
 
+def two_step_link_bytes(numel: int, compressor: Compressor, world_size: int, rank: int = 0) -> int:
+    """The most bytes ``rank`` sends to one peer in a compressed two-step average: that peer's segment, then
+    its own reduced one. The peers' links run side by side, so this is what sets the time on a shaped link."""
+    if world_size == 1:
+        return 0
+    bounds = split_bounds(numel, world_size)
+
+    def cost(j: int) -> int:
+        return frame_bytes(compressor.wire_bytes(bounds[j + 1] - bounds[j]))
+
+    return max(cost(j) for j in range(world_size) if j != rank) + cost(rank)
+
+
 def two_step_bytes_sent(numel: int, compressor: Compressor, world_size: int, rank: int = 0) -> int:
     """Exact bytes ``rank`` sends in one compressed two-step average of ``numel`` elements: every other
     rank's segment once, then its own reduced segment to the ``n - 1`` others."""
@@ -121,6 +134,14 @@ class Averager:
             return two_step_bytes_sent(wire, self.compression, n, rank)
         return ring_bytes_sent(wire, self.payload.itemsize, n, rank)
 
+    def link_bytes(self, numel: int) -> int:
+        """The most bytes this rank sends to one peer to average ``numel`` elements: all of them to the
+        ring's next rank, or the two-step's busiest link."""
+        n, rank, wire = self.transport.world_size, self.transport.rank, self.wire_numel(numel)
+        if self.compression is not None:
+            return two_step_link_bytes(wire, self.compression, n, rank)
+        return ring_bytes_sent(wire, self.payload.itemsize, n, rank)
+
     @property
     def hops(self) -> int:
         """Latencies one average costs in the alpha-beta model: ``2 (n-1)`` ring steps, 2 for the two-step."""
@@ -129,12 +150,14 @@ class Averager:
 
     def figures(self, numel: int) -> dict[str, int]:
         """Record fields of one average of ``numel`` elements: exact bytes sent (``avg_bytes``), the vector's
-        bytes on the wire (``avg_wire_bytes``), the latencies it costs (``avg_hops``), and the averages so far
+        bytes on the wire (``avg_wire_bytes``), the most it sends to one peer (``avg_link_bytes``), the latencies it
+        costs (``avg_hops``), and the averages so far
         (``avg_calls``) with the exact bytes they sent (``avg_bytes_total``: the formula the transport's
         counters are checked against)."""
         return {"avg_calls": self.calls, "avg_bytes_total": self.bytes_total,
                 "avg_bytes": self.bytes_sent(numel) if numel else 0,
                 "avg_wire_bytes": self.wire_numel(numel) * self.payload.itemsize if numel else 0,
+                "avg_link_bytes": self.link_bytes(numel) if numel else 0,
                 "avg_hops": self.hops}
 
     async def mean(self, tensor: torch.Tensor, round: int) -> torch.Tensor:

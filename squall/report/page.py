@@ -21,6 +21,7 @@ from typing import Any
 from squall.checks import Target, Validity, Verdict, merge
 from squall.checks.fidelity import Fidelity, fidelity_by_profile
 from squall.checks.verdict import figure
+from squall.report import utilization
 from squall.report.compare import (
     COMPARE_HEAD,
     CellFigures,
@@ -42,6 +43,7 @@ from squall.report.plots import (
     plot_loss_vs_bytes,
     plot_owner_drift,
     plot_trace_fidelity,
+    plot_utilization,
 )
 from squall.report.reproduce import matrix_text, reproduce_rows
 from squall.trace import RunTrace, trace_from_json, trace_to_json
@@ -171,6 +173,11 @@ def _network_flag(fid: Fidelity | None) -> str:
     return "FLAGGED: calibration failed" if fid.validity is Validity.FAIL else fid.state
 
 
+UTILIZATION_TEXT = ("Runs on an emulated device: the emulated compute time over the time the steps took, in whole "
+                    "periods between averages, beside the alpha-beta model's prediction (one average costs hops x "
+                    "one-way delay + its bytes on the busiest link / the link's rate; U = P t_c / (P t_c + max(0, "
+                    f"T - overlap t_c))). A difference over {100 * utilization.FINDING:.0f} % is a finding.")
+
 SUMMARY_HEAD = ["cell", "backend", "verdict", "network", "duration s", "time to target s", "steps",
                 "sent per worker", "final loss", "checks"]
 
@@ -265,7 +272,8 @@ def markdown(results: Results) -> str:
                     f"Source: `{p.get('source')}`; links as {p.get('workers')} workers saw them:", ""]
             out += table(LINK_HEAD, [list(map(str, row)) for row in p.get("links", [])])
         out += ["## Was the emulation faithful?", "", *table(FIDELITY_HEAD, _fidelity_rows(view))]
-        out += [f"- **flagged** {line}" for line in _flagged(view)] + [""]
+        out += [f"- **flagged** {line}" for line in _flagged(view)]
+        out += [f"- **flagged** {line}" for line in utilization.emulation_flags(_traces(results))] + [""]
         out += ["## How do the protocols compare?", ""]
         if view.target is not None:
             out += [f"Time to {view.target_text} (median over seeds) and the ratio to each profile's best:", "",
@@ -273,6 +281,11 @@ def markdown(results: Results) -> str:
         out += ["### Summary", "", *table(SUMMARY_HEAD, _summary_rows(view))]
         for protocol, (head, rows) in _stats(view).items():
             out += [f"### {protocol}: its own figures", "", *table(head, rows)]
+        used = utilization.utilizations(_traces(results))
+        if used:
+            out += ["### Compute utilization", "", UTILIZATION_TEXT, "",
+                    *table(utilization.HEAD, utilization.rows(used))]
+            out += [f"- **finding** {line}" for line in utilization.findings(used)] + [""]
     if results.claims:
         out += ["## Claims", "", *table(CLAIM_HEAD, _claim_rows(results))]
     if results.calibration:
@@ -337,6 +350,8 @@ def _html_fidelity(view: _View) -> list[str]:
              "figures describe the network that was there, not the one that was asked for.</p>",
              _html_table(FIDELITY_HEAD, _fidelity_rows(view))]
     parts += [f"<div class='flag'><b>Flagged:</b> {html.escape(line)}</div>" for line in _flagged(view)]
+    parts += [f"<div class='flag'><b>Flagged:</b> {html.escape(line)}</div>"
+              for line in utilization.emulation_flags(_traces(view.results))]
     if view.results.calibration:
         parts += ["<details><summary>every calibration check</summary>",
                   _html_table(CAL_HEAD, _cal_rows(view.results)), "</details>"]
@@ -363,6 +378,12 @@ def _html_compare(view: _View) -> list[str]:
         segments = cell.trace.meta.get("segments") if isinstance(cell.trace.meta, Mapping) else None
         parts.append(_img(f"Links over time: {cell.cell_id}",
                           plot_trace_fidelity(cell.trace, segments if isinstance(segments, Mapping) else None)))
+    used = utilization.utilizations(traces)
+    if used:
+        parts += ["<h3>Compute utilization</h3>", f"<p>{html.escape(UTILIZATION_TEXT)}</p>",
+                  _img("Compute utilization: measured, predicted, ratio", plot_utilization(used)),
+                  _html_table(utilization.HEAD, utilization.rows(used))]
+        parts += [f"<div class='flag'><b>Finding:</b> {html.escape(line)}</div>" for line in utilization.findings(used)]
     parts += ["<h3>Every run</h3>", _html_table(SUMMARY_HEAD, _summary_rows(view))]
     stats = _stats(view)
     if stats:

@@ -1,6 +1,7 @@
 """Every plot of a report (the only module that draws, with matplotlib): the time-to-target heatmap,
-bytes to target, loss against wall time and against bytes sent, drift, the claims' figures, and for a
-run whose links changed its configured trace, measured points and loss curve on one time axis.
+bytes to target, loss against wall time and against bytes sent, drift, the claims' figures, for a
+run whose links changed its configured trace, measured points and loss curve on one time axis, and the
+compute-utilization heatmaps (measured, the alpha-beta prediction, their ratio).
 
 Each function takes plain data (traces, a comparison, verdicts) and returns a PNG as base64 text
 (for a data URI) or None when there is nothing to draw. The heatmap's colour is the ratio to the
@@ -22,10 +23,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
 from squall.checks import Validity, Verdict, drift_series
 from squall.checks.drift import owner_drift_series
 from squall.report.compare import Comparison, megabytes
+from squall.report.utilization import Utilization
 from squall.trace import RunTrace
 
 DPI = 110
@@ -323,3 +326,59 @@ def plot_trace_fidelity(trace: RunTrace, segments: Mapping[str, Any] | None = No
     right.grid(alpha=0.3)
     fig.tight_layout()
     return png(fig)
+
+
+def plot_utilization(cells: Sequence[Utilization]) -> str | None:
+    """Protocol x profile heatmaps: measured compute utilization, the alpha-beta prediction, and their ratio.
+
+    Utilization runs 0 (all waiting) to 1 (all compute); the ratio's colour is log2(measured / predicted), white
+    at 1, with the cells off by more than the report's finding threshold outlined. A run whose emulated
+    device did not hold is marked with "!".
+    """
+    if not cells:
+        return None
+    protocols = list(dict.fromkeys(u.protocol for u in cells))
+    profiles = sorted({u.profile for u in cells}, key=lambda p: _profile_order(cells, p))
+    by = {(u.protocol, u.profile): u for u in cells}
+    fig, axes = plt.subplots(3, 1, figsize=(2.4 + 1.3 * len(profiles), 3 * (1.1 + 0.45 * len(protocols))),
+                             squeeze=False)
+    panels = [("measured U", lambda u: u.measured, "viridis", 0.0, 1.0),
+              ("alpha-beta prediction", lambda u: u.predicted, "viridis", 0.0, 1.0),
+              ("measured / predicted", lambda u: None if u.ratio is None else math.log2(u.ratio), "RdBu_r", -1.0, 1.0)]
+    for ax, (title, value, cmap_name, low, high) in zip(axes[:, 0], panels, strict=True):
+        grid = [[_value(by.get((p, q)), value) for q in profiles] for p in protocols]
+        image = ax.imshow(grid, cmap=plt.get_cmap(cmap_name).with_extremes(bad="#d9d9d9"), vmin=low, vmax=high,
+                          aspect="auto")
+        for i, p in enumerate(protocols):
+            for j, q in enumerate(profiles):
+                u = by.get((p, q))
+                ax.text(j, i, _cell_text(u, title), ha="center", va="center", fontsize=7,
+                        color=_ink(image, grid[i][j]))
+                if u is not None and title.startswith("measured /") and u.finding:
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
+        ax.set_xticks(range(len(profiles)), profiles, rotation=35, ha="right", fontsize=7)
+        ax.set_yticks(range(len(protocols)), protocols, fontsize=8)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle("compute utilization: emulated compute time / step time", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _profile_order(cells: Sequence[Utilization], profile: str) -> tuple[float, float, str]:
+    u = next(c for c in cells if c.profile == profile)
+    return (float(u.rate_bps or math.inf), u.alpha_s or 0.0, profile)
+
+
+def _value(u: Utilization | None, value: Any) -> float:
+    v = None if u is None else value(u)
+    return math.nan if v is None else float(v)
+
+
+def _cell_text(u: Utilization | None, title: str) -> str:
+    if u is None:
+        return "not run"
+    mark = "" if u.valid else " !"
+    if title.startswith("measured /"):
+        return "-" if u.ratio is None else f"{u.ratio:.2f}x{mark}"
+    v = u.measured if title.startswith("measured") else u.predicted
+    return ("-" if v is None else f"{v:.2f}") + (mark if title.startswith("measured") else "")

@@ -41,8 +41,9 @@ SHIPPED = {
     "al_dsgd": "al_dsgd",
     "lossy_sgd": "lossy_sgd", "lossy_sgd_noresync": "lossy_sgd",
     "topk": "topk", "randk": "randk", "arc_topk": "arc_topk", "lowbit_allreduce": "lowbit", "lowbit_ring": "lowbit",
-    "diloco": "diloco", "diloco_h10": "diloco", "diloco_h50": "diloco", "ddp_adamw": "diloco",
-    "streaming_diloco": "streaming_diloco", "sparta": "sparta", "demo": "demo",
+    "diloco": "diloco", "diloco_h10": "diloco", "diloco_h50": "diloco", "ddp_adamw": "diloco", "local_adamw": "diloco",
+    "streaming_diloco": "streaming_diloco", "streaming_diloco_fp32": "streaming_diloco", "sparta": "sparta",
+    "demo": "demo",
 }
 SHIPPED_JOBS = {"gloo_train", "gloo_allreduce", "swarm", "moshpit", "moshpit_average", "dropcompute", "nonblocking",
                 "al_dsgd", "lossy_sgd"}

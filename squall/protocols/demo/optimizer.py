@@ -111,4 +111,6 @@ class DeMo(Algorithm):
     def stats(self) -> dict[str, Any]:
         return {"demo_pairs": self.entries, "avg_every": 1, "overlap_steps": 0, "avg_calls": self.steps,
                 "avg_bytes_total": self.steps * self.bytes_sent(), "avg_bytes": self.bytes_sent(),
-                "avg_wire_bytes": payload_bytes(self.entries), "avg_hops": 1 if self.transport.world_size > 1 else 0}
+                "avg_wire_bytes": payload_bytes(self.entries),
+                "avg_link_bytes": frame_bytes(payload_bytes(self.entries)),
+                "avg_hops": 1 if self.transport.world_size > 1 else 0}

@@ -14,6 +14,7 @@ from squall.transport import Transport
 PAPER = "DiLoCo: Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam, Shen, arXiv 2311.08105"
 BASELINE_PAPER = "the AdamW data-parallel baseline of DiLoCo, Streaming DiLoCo and DeMo"
 NEEDS = frozenset({"tcp", "device_model"})
+NEVER = 1 << 62  # a sync period no run reaches
 
 
 def build_diloco(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
@@ -53,4 +54,8 @@ DECLARATIONS = (
     *(_diloco(h) for h in (10, 50)),
     Declaration(DdpAdamW.name, "data-parallel AdamW: the gradient ring-averaged every step (the family's "
                 "baseline)", "train", {"algorithm": DdpAdamW.name}, paper=BASELINE_PAPER, needs=NEEDS),
+    Declaration("local_adamw", "every worker alone with AdamW on its shard, never communicating (the family's "
+                "lower bound: DiLoCo that never syncs)", "train",
+                {"algorithm": DiLoCo.name, "algorithm_args": {"sync_every": NEVER, "sync_at_end": False}},
+                paper=BASELINE_PAPER, needs=NEEDS),
 )

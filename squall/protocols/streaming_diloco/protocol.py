@@ -48,4 +48,9 @@ DECLARATIONS = (
                 {"algorithm": StreamingDiLoCo.name, "algorithm_args": {"sync_every": 100, "fragments": 2,
                                                                        "overlap": 1}},
                 paper=PAPER, needs=frozenset({"tcp", "device_model"})),
+    Declaration("streaming_diloco_fp32", "Streaming DiLoCo with its outer gradients in float32 (the FP4 claim's "
+                "control; otherwise as streaming_diloco)", "train",
+                {"algorithm": StreamingDiLoCo.name, "algorithm_args": {"sync_every": 100, "fragments": 2,
+                                                                       "overlap": 1, "compression": "none"}},
+                paper=PAPER, needs=frozenset({"tcp", "device_model"})),
 )
