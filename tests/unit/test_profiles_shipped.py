@@ -42,6 +42,12 @@ SHIPPED = [
     "stragglers-lognormal",
     "two-slow-3x",
     "azure-8-regions",
+    "grid-10mbit-1ms",
+    "grid-10mbit-50ms",
+    "grid-100mbit-1ms",
+    "grid-100mbit-50ms",
+    "grid-1gbit-1ms",
+    "grid-1gbit-50ms",
 ]
 # Shipped profiles whose links follow a trace: the loader does not read traces yet, so they are
 # checked by tests/unit/test_profiles_measured.py (and loaded there under a strict xfail).
