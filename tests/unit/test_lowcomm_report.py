@@ -44,6 +44,7 @@ def test_utilization_is_measured_over_whole_periods_and_predicted_by_alpha_beta(
     t = 6 * 0.05 + 6_000_384 * 8 / 100e6  # 6 one-way delays + the link's bytes at 100 Mbit/s
     assert u.comm_s == pytest.approx(t)
     assert u.predicted == pytest.approx(10 * T_C / (10 * T_C + t))
+    assert u.measured is not None and u.predicted is not None
     assert u.finding == (abs(u.measured / u.predicted - 1) > 0.15)
 
 
