@@ -29,7 +29,7 @@ SCHEMA_FIELDS = frozenset({
     "step", "elapsed_s", "event", "rank", "lr", "loss", "compute_s", "sleep_s", "comm_s", "step_s",
     "bytes_sent", "bytes_received", "messages_sent", "messages_received", "param_hash", "norm", "projection",
     "steps", "stopped_by", "final_eval", "last_loss", "target_step", "eval_s", "vote_s", "wall", "t",
-    "accuracy", "eval_loss",
+    "accuracy", "eval_loss", "device",
 })
 
 

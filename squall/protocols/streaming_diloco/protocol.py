@@ -12,8 +12,8 @@ from squall.training.declaration import AlgorithmDeclaration, Declaration
 from squall.training.optim import Sgd
 from squall.transport import Transport
 
-PAPER = ("Streaming DiLoCo: Douillard, Donchev, Rush, Kale, Rusu, Ranzato, Szlam, Shen et al., "
-         "arXiv 2501.18512")
+PAPER = ("Streaming DiLoCo: Douillard, Donchev, Rush, Kale, Charles, Garrett, Teston, Lacey, McIlroy, Shen, Ramé, "
+         "Szlam, Ranzato, Barham, arXiv 2501.18512")
 
 
 def build_streaming(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:

@@ -197,7 +197,7 @@ class Driver:
         return {**self.device.settings(), "emulated_compute_s": round(t.emulated_s, 6), "steps_s": round(t.step_s, 6),
                 "utilization": round(t.emulated_s / t.step_s, 6) if t.step_s > 0 else None,
                 "overrun_steps": t.overrun_steps, "overrun_s": round(t.overrun_s, 6),
-                "valid": emulation_valid(t.overrun_s, t.emulated_s)}
+                "valid": emulation_valid(t.overrun_s, t.step_s)}
 
     async def finish(self, steps: int, stopped_by: str, *, stats: Mapping[str, Any] | None = None) -> TrainResult:
         """Evaluate the final model and write the end record.
