@@ -2,7 +2,8 @@
 
 * :mod:`~squall.lowcomm.average`: :class:`Averager`, the one seam through which these protocols
   average a vector over all ranks: the wire dtype and emulated payload of
-  :mod:`squall.training.payload`, and an optional compressor; with its exact byte count.
+  :mod:`squall.training.payload`, and an optional compressor, over :func:`squall.collectives.allreduce`;
+  with its exact byte count.
 
 The protocols themselves live in their folders (``squall/protocols/diloco``, ``streaming_diloco``,
 ``sparta``, ``demo``); a folder does not import another, so what two of them need is here.
@@ -10,6 +11,6 @@ The protocols themselves live in their folders (``squall/protocols/diloco``, ``s
 
 from __future__ import annotations
 
-from squall.lowcomm.average import AVERAGE_TAG, Averager, frame_bytes, ring_bytes_sent, two_step_bytes_sent
+from squall.lowcomm.average import AVERAGE_TAG, Averager, frame_bytes, two_step_link_bytes
 
-__all__ = ["AVERAGE_TAG", "Averager", "frame_bytes", "ring_bytes_sent", "two_step_bytes_sent"]
+__all__ = ["AVERAGE_TAG", "Averager", "frame_bytes", "two_step_link_bytes"]

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from squall.lowcomm.average import Averager
 from squall.training.compress import COMPRESSORS
-from squall.training.compress.base import Compressor
+from squall.training.compress.base import Compression
 from squall.training.optim import AdamW, AdamWConfig, LocalOptimizer, Sgd
 from squall.training.payload import Payload
 from squall.transport import Transport
@@ -49,7 +49,7 @@ def inner_optimizer(sgd: Sgd, options: dict[str, Any]) -> LocalOptimizer:
     return AdamW(AdamWConfig(beta1=float(betas[0]), beta2=float(betas[1]), eps=eps, weight_decay=wd))
 
 
-def compressor(options: dict[str, Any], *, default: str = "none") -> Compressor | None:
+def compressor(options: dict[str, Any], *, default: str = "none") -> Compression | None:
     """The compressor named by ``compression`` (with ``compression_args``), or None."""
     name = str(options.pop("compression", default))
     args = options.pop("compression_args", {}) or {}

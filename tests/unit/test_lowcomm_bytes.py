@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from squall.collectives import run_inproc
-from squall.lowcomm.average import Averager, frame_bytes, ring_bytes_sent, two_step_bytes_sent
+from squall.collectives import run_inproc, sent_bytes
+from squall.lowcomm.average import Averager, frame_bytes
 from squall.protocols.demo.optimizer import DeMo
 from squall.protocols.demo.wire import payload_bytes
 from squall.protocols.diloco.outer import DdpAdamW, DiLoCo
@@ -47,6 +47,11 @@ def sent_per_step(build: Callable[[Transport], Algorithm], steps: int) -> list[l
     return run_inproc(N, one)
 
 
+def ring_bytes_sent(numel: int, itemsize: int, n: int, rank: int = 0) -> int:
+    """The exact ring's bytes, by the collectives' own formula."""
+    return sent_bytes(numel, n, rank=rank, dtype={4: torch.float32, 2: torch.bfloat16}[itemsize])
+
+
 def test_ring_formula_is_two_n_minus_1_over_n_of_the_vector_plus_64_bytes_a_message() -> None:
     assert ring_bytes_sent(1000, 4, N) == 2 * (N - 1) * (1000 // N * 4 + 64)  # one message per segment
     big = 3 << 20  # 12 MiB of float32: segments of 3 MiB in chunks of 1 MiB
@@ -71,7 +76,7 @@ def test_streaming_sends_one_fp4_fragment_per_event(overlap: int) -> None:
     sent = sent_per_step(lambda t: StreamingDiLoCo(Averager(t, compression=Fp4E3M0()), sync_every=h, fragments=f,
                                                    overlap=overlap, inner=AdamW(), sync_at_end=False), steps)
     half = NUMEL // 2  # no block names: two contiguous halves
-    event = [two_step_bytes_sent(half, Fp4E3M0(), N, rank) for rank in range(N)]
+    event = [sent_bytes(half, N, compression=Fp4E3M0(), rank=rank) for rank in range(N)]
     for rank in range(N):
         if overlap == 0:  # events after 4, 6 and 8 steps
             assert sent[rank] == [0, 0, 0, event[rank], 0, event[rank], 0, event[rank]]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from squall.collectives.allgather import allgather_compressed
-from squall.lowcomm.average import frame_bytes
+from squall.lowcomm import frame_bytes
 from squall.protocols.demo.dct import Plan, dct, idct, plan, scatter, top_k
 from squall.protocols.demo.wire import SCHEMA, check_indices, chunk_limits, payload_bytes, payload_of
 from squall.training.algorithms.base import Algorithm, Shapes

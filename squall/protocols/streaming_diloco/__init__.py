@@ -21,8 +21,9 @@ Where it departs:
 
 * the paper does not say how FP4 values are scaled and rounded: here, an absmax float32 scale per
   group of 128 and round-to-nearest (see :mod:`squall.training.compress.fp4`); the average is the
-  interim two-step exchange of :mod:`squall.lowcomm.average` (each element quantized twice: the
-  replica's outer gradient, then the owner's float32 mean before it goes back);
+  two-step exchange :func:`squall.collectives.allreduce` runs for payloads that do not add (each
+  element quantized twice: the replica's outer gradient, then the owner's float32 mean before it
+  goes back);
 * blocks are found by their names (``h<i>.``, as the ``tinylm`` task names them); tensors before
   the first block (embeddings) belong to fragment 0 and those after the last (final norm) to
   fragment ``F - 1``; a task that names no blocks is cut into ``F`` contiguous, nearly equal ranges;
