@@ -89,3 +89,15 @@ def test_the_policy_in_force_is_what_the_checks_judge_by(restored: None) -> None
     busy = check_jitter((0, 1), model, Moments.of(samples), 0, samples=samples, host_stalls=0.2)
     assert busy.verdict == "unknown" and stalls.TOO_BUSY in busy.why
     assert check_rate((0, 1), 1e9, 600e6, 1448, host_stalls=0.2).verdict == "unknown"
+
+
+def test_a_delay_short_even_with_the_stalls_fails_however_busy_the_host(restored: None) -> None:
+    """Stalls only add delay: a 10 ms link read at 5.4 ms with 12 % of its packets stalled is failed,
+    and the same stalls on a link read near 10 ms leave it unknown."""
+    model = DelayModel(10_000, 0)
+    short = [5_400.0 + (i % 5) for i in range(440)] + [9_000.0] * 60
+    row = check_delay((0, 1), model, Moments.of(short), 250.0, samples=short, host_stalls=0.126)
+    assert row.verdict == "failed" and "cannot explain" in row.why
+    near = [10_000.0 + (i % 5) for i in range(440)] + [14_000.0] * 60
+    row = check_delay((0, 1), model, Moments.of(near), 0.0, samples=near, host_stalls=0.126)
+    assert row.verdict == "unknown" and stalls.TOO_BUSY in row.why

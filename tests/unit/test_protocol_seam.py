@@ -46,6 +46,8 @@ GENERIC: dict[str, str] = {
 ALLOWED: dict[tuple[str, str], str] = {
     ("squall/training/algorithms/reduce.py", "local_sgd"): "LocalSGD is shared (our collectives and gloo reduce "
     "with it), so it lives in the common layer; its algorithm name is the one the local_sgd protocol shares",
+    ("squall/cli/main.py", "demo"): "the `squall demo` subcommand (the default experiment), older than the "
+    "DeMo protocol and unrelated to it",
 }
 
 
