@@ -12,9 +12,11 @@ backends report IP bytes.
 
 Resets. A class that is rebuilt (a structural change of the plan, a restarted node with a fresh
 namespace, a clear) starts again from zero. :class:`Accumulator` carries what such a class had
-counted: it is read right before every change and after it, and a reading below the previous one
-means the class is new. What a killed node's classes counted after the last reading is lost with
-its namespace (read often, e.g. every second, to keep that small).
+counted: a reading below the previous one means the class is new. The backend reads before a clear
+and a node's replacement; not in ``apply`` (it is on the clock of a link change, and with a class
+kept for every link a change rarely rebuilds one). What a class counted between the last reading
+and its removal is lost with it (read often, e.g. every second, to keep that small), and so is a
+reset whose new count passed the old one before the next reading.
 """
 
 from __future__ import annotations
