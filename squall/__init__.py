@@ -4,4 +4,11 @@ Worker side (runs in the containers): ``wire``, ``transport``, ``job``, ``traini
 ``collectives``, ``gossip``, ``protocols``, ``worker``, ``bench``, ``calibration.probes``.
 Host side: ``profiles``, ``shaping``, ``cluster``, ``calibration``, ``trace``, ``checks``,
 ``experiment``, ``claims``, ``report``, ``cli``, ``pytest_plugin``. docs/architecture.md has the layers.
+
+``from squall import log`` is for users' own programs run by ``squall run -- COMMAND``
+(:mod:`squall.record`): one call per step gives Squall the program's figures.
 """
+
+from squall.record import log
+
+__all__ = ["log"]

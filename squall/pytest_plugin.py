@@ -19,6 +19,19 @@ turn it off): the report flags cells run on links that failed it, and the termin
 each profile's verdict. Cells show their stage and training live on the terminal pytest started on
 (plain lines when that is not a terminal).
 
+A user's own program instead of a protocol (one rank per container, torchrun's environment)::
+
+    @pytest.mark.squall(command=["python", "train.py"], metrics={"loss": r"loss (\\S+)"}, target="loss<=1.0",
+                        profiles=["thin-20mbit"], workers=4, seconds=60)
+    def test_ddp(squall_program):
+        assert squall_program.verdict.passed
+        assert max(squall_program.bytes_sent) < 50e6
+
+Its keys: ``command`` (a list of words), ``metrics``, ``target`` (a string such as ``'loss<=1.0'``),
+``name``, ``workdir`` (default: the test file's folder), ``requirements``, ``pip``, ``env``;
+``squall_program`` runs the cell and returns a :class:`~squall.programs.result.ProgramResult`
+(figures, bytes per rank and per link, each rank's stdout and stderr, the verdict).
+
 Fixtures: ``squall_cell`` (the :class:`~squall.experiment.matrix.Cell` of this test), ``squall_lab`` (a
 started :class:`~squall.experiment.lab.Lab` for the cell's size, shared by the whole session),
 ``squall_trace`` (the cell run to a :class:`~squall.trace.RunTrace`), ``squall_run`` (run any
@@ -46,6 +59,10 @@ logger = logging.getLogger(__name__)
 
 MARKER = "squall"
 MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config"}
+#: Marker keys of a program (``command=[...]``) rather than a protocol.
+PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env"}
+#: Marker keys that make no sense with a command.
+PROTOCOL_ONLY = {"protocols", "steps", "task", "lr", "config"}
 DEFAULTS: dict[str, Any] = {"protocols": ["ring"], "profiles": ["lan"], "workers": [4], "seeds": [0]}
 SESSION_KEY = pytest.StashKey["SquallSession"]()
 
@@ -108,7 +125,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(protocols=[...], profiles=[...], workers=N, seeds=[...], seconds=S, steps=K, task=..., "
-        "target={...}, lr=..., config={...}): run this test once per protocol x profile x workers x seed cell",
+        "target={...}, lr=..., config={...}): run this test once per protocol x profile x workers x seed cell; "
+        "or command=[...], metrics={...}, target='loss<=1.0': a user's own program instead of a protocol",
     )
     config.stash[SESSION_KEY] = SquallSession(config)
     if config.getoption("--squall-engine", None):
@@ -125,10 +143,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     kwargs = dict(marker.kwargs) if marker else {}
     if marker and marker.args:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.squall takes keyword arguments only")
-    unknown = sorted(set(kwargs) - MARKER_KEYS)
+    unknown = sorted(set(kwargs) - MARKER_KEYS - PROGRAM_KEYS)
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.squall got unknown argument(s) "
-                                f"{unknown}; allowed: {sorted(MARKER_KEYS)}")
+                                f"{unknown}; allowed: {sorted(MARKER_KEYS | PROGRAM_KEYS)}")
+    if "command" in kwargs or set(kwargs) & PROGRAM_KEYS:
+        cells, ids = _program_cells(session, metafunc, kwargs)
+        metafunc.parametrize("squall_cell", cells, ids=ids)
+        return
     for key, value in kwargs.items():
         problem = _marker_value_problem(key, value)
         if problem:
@@ -138,6 +160,35 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for protocol in matrix.protocols:
         session.check_entry_point(protocol, where=metafunc.definition.nodeid)
     metafunc.parametrize("squall_cell", matrix.cells(), ids=matrix.ids())
+
+
+def _program_cells(session: SquallSession, metafunc: pytest.Metafunc, kwargs: dict[str, Any]) -> tuple[list[Any],
+                                                                                                   list[str]]:
+    """The cells of a ``command=[...]`` marker: the program on every profile x workers x seed."""
+    import dataclasses
+
+    from squall.programs.spec import ProgramError, program_from_mapping
+
+    where = metafunc.definition.nodeid
+    if "command" not in kwargs:
+        raise pytest.UsageError(f"{where}: @pytest.mark.squall({', '.join(sorted(set(kwargs) & PROGRAM_KEYS))}=...) "
+                                "needs command=[...] (the program to run)")
+    clash = sorted(set(kwargs) & PROTOCOL_ONLY)
+    if clash:
+        raise pytest.UsageError(f"{where}: @pytest.mark.squall(command=...) cannot take {clash} (they are a "
+                                "protocol's); the program reads its own settings")
+    if "seconds" in kwargs and _marker_value_problem("seconds", kwargs["seconds"]):
+        raise pytest.UsageError(f"{where}: @pytest.mark.squall(seconds={kwargs['seconds']!r}): allowed: a number > 0")
+    test_dir = Path(metafunc.definition.path).parent
+    raw = {k: kwargs[k] for k in (*PROGRAM_KEYS, "target") if k in kwargs}
+    try:
+        program = program_from_mapping(raw, source=f"{where}: @pytest.mark.squall", base=test_dir)
+    except ProgramError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    axes: dict[str, Any] = {k: kwargs[k] for k in ("profiles", "workers", "seeds") if k in kwargs}
+    matrix = session.matrix({**axes, "protocols": ["ring"]}, where=where, test_dir=test_dir)
+    matrix = dataclasses.replace(matrix, protocols=(), programs=(program,))
+    return matrix.cells(), matrix.ids()
 
 
 def _looks_like_path(profile: str) -> bool:
@@ -218,6 +269,8 @@ def _marker_value_problem(key: str, value: Any) -> str:
         return "allowed: an integer > 0"
     if key == "task" and not (isinstance(value, str) and value):
         return "allowed: a task name such as 'logreg_digits'"
+    if key == "target" and isinstance(value, str):
+        return ""  # a program's target ('loss<=1.0'), checked with the program
     if key == "target" and not (
         isinstance(value, dict) and len(value) == 1
         and all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) for k, v in value.items())
@@ -239,6 +292,7 @@ class SquallSession:
         self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
         self.profiles: list[tuple[str, int]] = []  # (profile name or path, cluster size) of every cell run
         self.matrix_calibrate = True  # the matrix file's calibrate: key
+        self.images: dict[tuple[str, ...], str | None] = {}  # a program's requirements -> its image
         self._fidelity: Any = None  # squall.experiment.fidelity.SessionCalibration, made on first use
         from squall.report import provenance
 
@@ -328,6 +382,27 @@ class SquallSession:
             capture = self.config.pluginmanager.getplugin("capturemanager")
             guard = capture.global_and_fixture_disabled if capture is not None else None
             self.labs[key] = Lab(workers=workers, backend=self.option("backend"), code=code,
+                                 progress=cell_progress(label, guard=guard)).__enter__()
+        lab = self.labs[key]
+        if hasattr(lab.progress, "label"):
+            lab.progress.label = label
+        return lab
+
+    def program_lab(self, workers: int, program: Any, *, label: str = "") -> Any:
+        """The session's lab for a program: its folder mounted, its requirements' image (built when missing)."""
+        from squall.experiment.lab import Lab
+        from squall.experiment.program import program_image
+        from squall.progress import cell_progress
+
+        if program.requirements not in self.images:
+            self.images[program.requirements] = program_image(program)
+        image = self.images[program.requirements]
+        key = (workers, ("program", program.workdir, image or ""))
+        if key not in self.labs:
+            capture = self.config.pluginmanager.getplugin("capturemanager")
+            guard = capture.global_and_fixture_disabled if capture is not None else None
+            self.labs[key] = Lab(workers=workers, backend=self.option("backend"), image=image,
+                                 workdir=program.workdir, preload=(),
                                  progress=cell_progress(label, guard=guard)).__enter__()
         lab = self.labs[key]
         if hasattr(lab.progress, "label"):
@@ -432,6 +507,41 @@ def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: A
 
 _TRACE = pytest.StashKey[Any]()
 _VERDICTS = pytest.StashKey[list[Any]]()
+
+
+@pytest.fixture
+def squall_program(request: pytest.FixtureRequest, squall_cell: Any, squall_session: SquallSession,
+                   tmp_path: Path) -> Any:
+    """Name: squall_program. Scope: function. Depends: squall_cell (a ``command=[...]`` marker), Docker.
+
+    Runs the cell's program and returns a :class:`squall.programs.result.ProgramResult`: its figures,
+    bytes per rank and per link, each rank's stdout and stderr (``tmp_path/ranks``), and its verdict.
+    """
+    from squall.experiment.program import run_program
+    from squall.programs.result import ProgramResult
+    from squall.programs.verdict import judge
+
+    program = squall_cell.program
+    if program is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: squall_program needs @pytest.mark.squall(command=[...])")
+    _require_docker()
+    marker = request.node.get_closest_marker(MARKER)
+    kwargs = dict(marker.kwargs) if marker else {}
+    seconds = float(kwargs.get("seconds", squall_session.option("seconds") or squall_session.matrix_run.get("seconds")
+                                or 60.0))
+    lab = squall_session.program_lab(squall_cell.workers, program, label=request.node.nodeid)
+    if squall_session.fidelity.enabled and squall_cell.profile not in squall_session.fidelity.verdicts:
+        lab.progress.stage("calibrating", str(squall_cell.profile))
+        squall_session.fidelity.ensure(squall_cell.profile, lab.cluster, squall_cell.workers, shaper=lab.shaper)
+    done = run_program(lab, program, squall_cell.profile, seconds=seconds, seed=squall_cell.seed,
+                       logs=tmp_path / "ranks")
+    verdict = judge(done.trace, done.runs, target=program.target, metric_names=program.metric_names)
+    request.node.stash[_TRACE] = done.trace
+    request.node.stash.setdefault(_VERDICTS, []).append(verdict)
+    request.node.user_properties.append(("squall_backend", done.trace.backend))
+    request.node.user_properties.append(("squall_program_verdict", {True: "pass", False: "fail", None: "unknown"}
+                                         [verdict.passed]))
+    return ProgramResult(done.trace, verdict, program.target, done.runs)
 
 
 @pytest.fixture

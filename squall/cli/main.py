@@ -91,6 +91,10 @@ def _cmd_image_build(args: argparse.Namespace) -> int:
     from squall.cluster.engine import docker_client
     from squall.cluster.image import ensure_worker_image
 
+    if args.requirements or args.pip:
+        from squall.cli.program import cmd_image_requirements
+
+        return cmd_image_requirements(args)
     t0 = time.monotonic()
     tag = ensure_worker_image(docker_client(), pull=args.pull)
     if args.json:
@@ -182,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     image = sub.add_parser("image", help="the worker image").add_subparsers(dest="image_command", required=True)
     build = image.add_parser("build", help="build the worker image if its inputs changed")
     build.add_argument("--pull", action="store_true", help="pull python:3.11-slim as the base if it is missing")
+    build.add_argument("--requirements", metavar="FILE",
+                       help="build the image for a program with these pip requirements (as squall run --requirements)")
+    build.add_argument("--pip", nargs="+", metavar="PKG", help="requirement specifiers, as --requirements")
     build.add_argument("--json", action="store_true")
     build.set_defaults(func=_cmd_image_build)
     status = image.add_parser("status", help="is the worker image built for the current inputs?")

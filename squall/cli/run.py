@@ -76,8 +76,25 @@ def _cmd_replay(args: argparse.Namespace, *, every: bool) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         return _cmd_replay(args, every=False)
-    if not args.protocol or not args.profile:
-        raise ValueError("squall run needs --protocol and --profile (or --replay RESULTS_DIR)")
+    command = list(args.command or [])
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not args.profile:
+        raise ValueError("squall run needs --profile (or --replay RESULTS_DIR)")
+    if bool(command) == bool(args.protocol):
+        raise ValueError("give exactly one of --protocol NAME and a command after -- (squall run ... -- python "
+                         "train.py)")
+    if command:
+        from squall.cli.program import cmd_run_program
+
+        return cmd_run_program(args, command)
+    program_only = [f for f, v in (("--metric", args.metric), ("--workdir", args.workdir),
+                                   ("--requirements", args.requirements), ("--pip", args.pip), ("--name", args.name))
+                    if v]
+    if program_only:
+        raise ValueError(f"{', '.join(program_only)}: only for a command (squall run ... -- COMMAND)")
+    if args.seconds is None:
+        args.seconds = 20.0
     select_engine(args.engine)  # the default engine of every cluster this command starts
     matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
                           source="squall run", known_protocols=PROTOCOLS)
@@ -185,7 +202,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         with display.logging_above():
             results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
                                  title=f"Squall matrix: {path.name}", observer=display,
-                                 calibrate=spec.calibrate and not args.no_calibrate)
+                                 calibrate=spec.calibrate and not args.no_calibrate, logs=args.report / "ranks")
     finally:
         display.close()
     _, page = write_report(results, args.report)
@@ -241,7 +258,9 @@ def _cmd_claims(args: argparse.Namespace) -> int:
 
 def add_subparser(sub: Any) -> None:
     """Register run, matrix, report and claims."""
-    run = sub.add_parser("run", help="run one protocol on one profile (one cell) and check it")
+    run = sub.add_parser("run", help="run one protocol, or your own command (-- COMMAND), on one profile and check it",
+                         description="Run one protocol (--protocol) or your own program (everything after --, one "
+                                     "rank per worker, with torchrun's environment) on a shaped cluster.")
     run.add_argument("--protocol", help="protocol name (squall protocols) or package.module:function")
     run.add_argument("--profile", help="profile name or YAML path")
     run.add_argument("--replay", type=Path, metavar="RESULTS_DIR",
@@ -250,10 +269,22 @@ def add_subparser(sub: Any) -> None:
     run.add_argument("--cell", help="with --replay: which recorded run (default: the first)")
     run.add_argument("--workers", type=int, default=4)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--seconds", type=float, default=20.0, help="training time budget")
+    run.add_argument("--seconds", type=float, default=None,
+                     help="time budget: a protocol's training (default 20), a command's hard budget (default 60)")
     run.add_argument("--task", default="logreg_digits")
     run.add_argument("--lr", type=float, default=0.5)
-    run.add_argument("--target", help="stop and check at e.g. accuracy=0.9")
+    run.add_argument("--target", help="a protocol: stop and check at e.g. accuracy=0.9; a command: e.g. 'loss<=1.2' "
+                                      "or 'accuracy>=0.9' on one of its metrics")
+    run.add_argument("--metric", action="append", metavar="NAME=REGEX",
+                     help="a command's figure read from each rank's stdout: the regex's first group (or group "
+                          "'value'; group 'step' optional); repeatable")
+    run.add_argument("--workdir", help="a command's folder, mounted read-only as its current directory "
+                                       "(default: this directory)")
+    run.add_argument("--requirements", metavar="FILE",
+                     help="pip requirements of a command: installed in a derived worker image, built when missing")
+    run.add_argument("--pip", nargs="+", metavar="PKG",
+                     help="pip requirement specifiers of a command (as --requirements)")
+    run.add_argument("--name", help="a command's name in the report (default: its script's name)")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
     run.add_argument("--engine", choices=ENGINES, help="where the workers run: this machine's Docker (local, the "
                      "default) or a Docker Swarm with a node agent on every node (swarm; see docs/swarm.md)")
@@ -262,6 +293,8 @@ def add_subparser(sub: Any) -> None:
                      help="calibrate the profile's links quickly before training (the report then says how faithful "
                           "the emulation was)")
     run.add_argument("--report", type=Path, default=Path("results/run"), help="report directory")
+    run.add_argument("command", nargs=argparse.REMAINDER,
+                     help="-- COMMAND [ARGS...]: run your own program instead of a protocol, one rank per worker")
     run.set_defaults(func=_cmd_run)
 
     matrix = sub.add_parser("matrix", help="run a matrix file (cells and claims) and write the report")

@@ -7,6 +7,7 @@ containers once. ``with Lab(workers=4) as lab: trace = lab.run(RunSpec("ring", "
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import logging
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from squall.cluster import ClusterError, ClusterSpec, Mount
 from squall.cluster.backend import ClusterBackend, open_cluster
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 BASE_PORT = 29500
 EXT_MOUNT = "/squall/ext"  # where third-party protocol code is mounted
+PROGRAM_MOUNT = "/squall/program"  # where a user's program folder is mounted (read-only)
 #: Seconds a job may run past its budget (start-up, final evaluation, goodbyes) before it is cancelled.
 GRACE_S = 60.0
 
@@ -90,20 +92,29 @@ class Lab:
 
     def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
                  cluster: ClusterBackend | None = None, code: tuple[str, ...] = (), progress: Observer | None = None,
-                 engine: str | None = None) -> None:
+                 engine: str | None = None, image: str | None = None, workdir: str | None = None,
+                 preload: tuple[str, ...] | None = None) -> None:
         """:param code: host directories holding third-party protocol packages, mounted read-only
             into every container and put on its PYTHONPATH.
         :param progress: told each stage (starting cluster, shaping, training, collecting,
             teardown) and given the workers' metrics files while they train (:mod:`squall.progress`).
         :param engine: "local" (this machine's Docker) or "swarm" (:mod:`squall.cluster.backend`); None:
-            the process's default (``--engine``, ``$SQUALL_ENGINE``, else local)."""
+            the process's default (``--engine``, ``$SQUALL_ENGINE``, else local).
+        :param image: the worker image (None: the one built for the current inputs), e.g. one with a
+            program's requirements.
+        :param workdir: a user's program folder, mounted read-only at :data:`PROGRAM_MOUNT`.
+        :param preload: modules the agents import before they answer (None: torch, for the protocols' jobs)."""
         self.workers = workers
         self.progress: Observer = progress if progress is not None else Quiet()
         self.backend_wanted = backend
         mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
         pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
+        if workdir is not None:
+            mounts += (Mount(workdir, PROGRAM_MOUNT),)
         self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
-                                env=(("PYTHONPATH", pythonpath),), engine=engine or default_engine())
+                                env=(("PYTHONPATH", pythonpath),), engine=engine or default_engine(), image=image)
+        if preload is not None:
+            self.spec = dataclasses.replace(self.spec, preload=preload)
         self.cluster = cluster
         self._own_cluster = cluster is None
         self.shaper: Shaper | None = None
@@ -160,7 +171,7 @@ class Lab:
         else:
             states = link_timeline(profile, self.workers, duration)
             node_actions = [a for a in plan_timeline(profile, self.workers, duration) if a.kind != "reshape"]
-        changes = _schedule(shaper, states)
+        changes = schedule_links(shaper, states)
         actions = sorted([*node_actions, *([] if changes else [
             Action(t.at_s, "reshape", label=t.label, change=i) for i, t in enumerate(states) if i > 0])],
             key=lambda a: (a.at_s, a.kind != "reshape"))
@@ -180,7 +191,7 @@ class Lab:
                 first = handle.wait(raise_on_failure=False)
         finally:
             applied = changes.finish() if changes is not None else []
-        realised = _realised(states, applied, timeline.done, start=start, in_place=changes is not None)
+        realised = realised_timeline(states, applied, timeline.done, start=start, in_place=changes is not None)
         realised.update({"duration_s": duration, "replayed": spec.replay is not None})
         self.progress.stage("collecting", f"{spec.protocol} on {profile.name}")
         later = rejoin.wait() if rejoin is not None else []
@@ -211,9 +222,24 @@ class Lab:
                            per_worker=per_worker, start_wall=start_wall,
                            churn=timeline.marks, survivors=survivors, meta=meta)
 
+    def next_port(self) -> int:
+        """A rendezvous port no earlier cell of this lab used (a port in TIME_WAIT cannot be bound again)."""
+        return BASE_PORT + next(self._ports) % 400
+
+    def act(self, action: Action, states: Sequence[TimedState], rejoin: Rejoiner | None = None) -> None:
+        """Do one timeline action: a reshape to ``states[action.change]``, or node churn (``rejoin``
+        starts the job of a restarted node again)."""
+        cluster, shaper = self._require()
+        self._do(action, states, cluster, shaper, rejoin)
+
+    def recover(self) -> None:
+        """Bring every node back for the next cell (see :meth:`run`)."""
+        cluster, shaper = self._require()
+        self._recover(cluster, shaper)
+
     def _config(self, spec: RunSpec, base: Mapping[str, Any]) -> dict[str, Any]:
         config: dict[str, Any] = {**base, "task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size,
-                                  "seed": spec.seed, "port": BASE_PORT + next(self._ports) % 400}
+                                  "seed": spec.seed, "port": self.next_port()}
         if spec.steps is not None:
             config["steps"] = spec.steps
         if spec.seconds is not None:
@@ -224,7 +250,7 @@ class Lab:
         return config
 
     def _do(self, action: Action, states: Sequence[TimedState], cluster: ClusterBackend, shaper: Shaper,
-            rejoin: _Rejoin | None = None) -> None:
+            rejoin: Rejoiner | None = None) -> None:
         if action.kind == "reshape":
             shaper.apply(states[action.change].state)
             return
@@ -258,7 +284,7 @@ class Lab:
         return self.cluster, self.shaper
 
 
-def _realised(states: Sequence[TimedState], applied: Sequence[Applied], done: Sequence[tuple[Action, float]], *,
+def realised_timeline(states: Sequence[TimedState], applied: Sequence[Applied], done: Sequence[tuple[Action, float]], *,
               start: float, in_place: bool) -> dict[str, Any]:
     """The run's realised timeline (:mod:`.realised`): each link change done and each churn action run."""
     done_at: dict[int, tuple[float, Sequence[str]]] = {0: (0.0, ())}
@@ -271,7 +297,7 @@ def _realised(states: Sequence[TimedState], applied: Sequence[Applied], done: Se
     return {"in_place": in_place, "changes": change_records(states, done_at), "churn": churn_records(done)}
 
 
-def _schedule(shaper: Shaper, states: Sequence[TimedState]) -> ChangeRun | None:
+def schedule_links(shaper: Shaper, states: Sequence[TimedState]) -> ChangeRun | None:
     """Apply the first state and prepare the others as in-place changes sent at real-time priority;
     None (the first state applied the old way) when the shaper cannot or the timeline is not in place."""
     if len(states) > 1 and isinstance(shaper, SchedulingShaper):
@@ -282,6 +308,13 @@ def _schedule(shaper: Shaper, states: Sequence[TimedState]) -> ChangeRun | None:
             logger.warning("link changes applied one by one by the harness, not in place: %s", exc)
     shaper.apply(states[0].state)
     return None
+
+
+class Rejoiner(Protocol):
+    """Whatever gives a node that churn restarted its job again."""
+
+    def start(self, node: int) -> None:
+        """Start the job on ``node`` again (its container has just been restarted and reshaped)."""
 
 
 class _Rejoin:

@@ -7,6 +7,12 @@ A matrix comes from a YAML file, from pytest options, or from a ``@pytest.mark.s
     workers: [4, 8]
     seeds: [0, 1, 2]
 
+Beside (or instead of) ``protocols``, ``programs`` lists users' own commands
+(:func:`squall.programs.spec.program_from_mapping`: name, command, metrics, target, requirements)::
+
+    programs:
+      - {name: ddp, command: [python, train.py], metrics: {loss: 'loss (\\S+)'}, target: 'loss<=1.0'}
+
 Each cell has an id such as ``ring-wan_5ms-w8`` (``-s1`` is added when a matrix has several seeds).
 Unknown protocols or profiles and impossible sizes are rejected with the file, the key and what is
 allowed, before anything starts.
@@ -24,8 +30,9 @@ from typing import Any
 import yaml
 
 from squall.profiles import ProfileError, load_profile
+from squall.programs.spec import ProgramError, ProgramSpec, program_from_mapping
 
-KEYS = ("protocols", "profiles", "workers", "seeds")
+KEYS = ("protocols", "programs", "profiles", "workers", "seeds")
 #: A protocol that lives outside Squall: its job entry point.
 THIRD_PARTY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -38,10 +45,11 @@ class MatrixError(ValueError):
 class Cell:
     """One run of one protocol on one profile with a cluster size and a seed."""
 
-    protocol: str  # protocol name, e.g. "ring"
+    protocol: str  # protocol name, e.g. "ring" (a program's name when ``program`` is set)
     profile: str  # profile name or path, e.g. "wan-5ms"
     workers: int  # cluster size
     seed: int = 0  # run seed
+    program: ProgramSpec | None = None  # a user's program instead of a protocol
 
     def id(self, *, with_seed: bool = False) -> str:
         """Readable test id, e.g. ``ring-wan_5ms-w8`` (``-s1`` with ``with_seed``)."""
@@ -52,17 +60,20 @@ class Cell:
 
 @dataclass(frozen=True)
 class Matrix:
-    """The cross product of its four lists, in a stable order."""
+    """The cross product of its lists, in a stable order (programs after protocols)."""
 
     protocols: tuple[str, ...]  # protocol names
     profiles: tuple[str, ...]  # profile names or paths
     workers: tuple[int, ...]  # cluster sizes
     seeds: tuple[int, ...] = (0,)  # seeds
+    programs: tuple[ProgramSpec, ...] = ()  # users' own commands
 
     def cells(self) -> list[Cell]:
         """Every cell; seeds innermost, so A B A B interleaving over seeds is natural."""
-        return [Cell(p, f, w, s) for w, f, p, s in itertools.product(self.workers, self.profiles, self.protocols,
-                                                                       self.seeds)]
+        runs: list[tuple[str, ProgramSpec | None]] = [(p, None) for p in self.protocols]
+        runs += [(p.name, p) for p in self.programs]
+        return [Cell(name, f, w, s, program) for w, f, (name, program), s in
+                itertools.product(self.workers, self.profiles, runs, self.seeds)]
 
     def ids(self) -> list[str]:
         """Ids of :meth:`cells`, unique."""
@@ -79,16 +90,24 @@ def _as_list(value: Any, key: str, source: str) -> list[Any]:
     raise MatrixError(f"{source}: {key}: expected a list or a comma-separated string, got {value!r}")
 
 
-def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterable[str]) -> Matrix:
-    """Validate ``raw`` (keys: protocols, profiles, workers, seeds) into a :class:`Matrix`."""
+def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterable[str],
+                 base: Path | None = None) -> Matrix:
+    """Validate ``raw`` (keys: protocols and/or programs, profiles, workers, seeds) into a :class:`Matrix`.
+
+    :param base: the folder a program's relative paths (workdir, requirements) start from: the
+        matrix file's folder (default: the current directory).
+    """
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise MatrixError(f"{source}: unknown key(s) {unknown}; allowed: {list(KEYS)}")
-    missing = [k for k in ("protocols", "profiles", "workers") if k not in raw]
+    missing = [k for k in ("profiles", "workers") if k not in raw]
+    if "protocols" not in raw and "programs" not in raw:
+        missing.insert(0, "protocols (or programs)")
     if missing:
         raise MatrixError(f"{source}: missing key(s) {missing}")
     allowed = sorted(known_protocols)
-    protocols = [str(p) for p in _as_list(raw["protocols"], "protocols", source)]
+    programs = _programs(raw.get("programs"), source=source, base=base or Path.cwd())
+    protocols = [str(p) for p in _as_list(raw.get("protocols", []), "protocols", source)]
     for p in protocols:
         if p not in allowed and not THIRD_PARTY.match(p):
             raise MatrixError(f"{source}: protocols: unknown protocol {p!r}; allowed: {allowed} "
@@ -96,8 +115,14 @@ def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterab
     profiles = [str(p) for p in _as_list(raw["profiles"], "profiles", source)]
     workers = _ints(_as_list(raw["workers"], "workers", source), "workers", source, low=1, high=250)
     seeds = _ints(_as_list(raw.get("seeds", [0]), "seeds", source), "seeds", source, low=0, high=2**31)
-    for key, values in (("protocols", protocols), ("profiles", profiles), ("workers", workers), ("seeds", seeds)):
-        if not values:
+    clash = sorted({p.name for p in programs} & set(protocols))
+    if clash:
+        raise MatrixError(f"{source}: programs: names {clash} are also protocols of this matrix; give each a "
+                          "different name (key name)")
+    names = [p.name for p in programs]
+    for key, values in (("protocols", protocols), ("profiles", profiles), ("workers", workers), ("seeds", seeds),
+                        ("programs", names)):
+        if not values and (key != "protocols" or not programs) and (key != "programs" or "programs" in raw):
             raise MatrixError(f"{source}: {key}: must not be empty")
         if len(set(values)) != len(values):
             raise MatrixError(f"{source}: {key}: duplicated entries in {values}")
@@ -110,7 +135,19 @@ def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterab
             need = profile.required_workers()
             if n < need:
                 raise MatrixError(f"{source}: workers: profile {name!r} needs at least {need} workers, got {n}")
-    return Matrix(tuple(protocols), tuple(profiles), tuple(workers), tuple(seeds))
+    return Matrix(tuple(protocols), tuple(profiles), tuple(workers), tuple(seeds), tuple(programs))
+
+
+def _programs(raw: Any, *, source: str, base: Path) -> list[ProgramSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise MatrixError(f"{source}: programs: expected a list of programs (each with a command), got {raw!r:.120}")
+    try:
+        return [program_from_mapping(entry, source=f"{source}: programs[{k}]", base=base)
+                for k, entry in enumerate(raw)]
+    except ProgramError as exc:
+        raise MatrixError(str(exc)) from None
 
 
 def _ints(values: Sequence[Any], key: str, source: str, *, low: int, high: int) -> list[int]:
@@ -148,7 +185,7 @@ def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFil
         raise MatrixError(f"{path}: run: expected a mapping of RunSpec fields, got {run!r}")
     if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
         raise MatrixError(f"{path}: claims: expected a list of claim ids, got {claims!r}")
-    matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols)
+    matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols, base=path.resolve().parent)
     return MatrixFile(matrix, run, tuple(claims), calibrate)
 
 
@@ -166,4 +203,4 @@ def _read(path: Path) -> dict[str, Any]:
 
 def load_matrix(path: Path, *, known_protocols: Iterable[str]) -> Matrix:
     """A matrix from a YAML file."""
-    return build_matrix(_read(path), source=str(path), known_protocols=known_protocols)
+    return build_matrix(_read(path), source=str(path), known_protocols=known_protocols, base=path.resolve().parent)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from squall.checks import Target, Validity, Verdict, converged, merge
@@ -20,7 +22,11 @@ from squall.claims.registry import Claim, evaluate
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec, code_dir_of
 from squall.experiment.matrix import Cell, Matrix
+from squall.experiment.program import program_image, run_program
 from squall.experiment.replay import RecordedCell
+from squall.programs.result import report_target
+from squall.programs.spec import ProgramSpec
+from squall.programs.verdict import judge
 from squall.progress import Observer
 from squall.report import provenance
 from squall.report.network import describe_profiles
@@ -50,6 +56,18 @@ class Labs:
         self.observer = observer
         self.fidelity = fidelity
         self._labs: dict[tuple[int, tuple[str, ...]], Lab] = {}
+        self._images: dict[tuple[str, ...], str | None] = {}
+
+    def program_lab(self, workers: int, program: ProgramSpec) -> Lab:
+        """The lab of this size that mounts ``program``'s folder and runs its image (requirements built first)."""
+        if program.requirements not in self._images:
+            self._images[program.requirements] = program_image(program)
+        image = self._images[program.requirements]
+        key = (workers, ("program", program.workdir, image or ""))
+        if key not in self._labs:
+            self._labs[key] = Lab(workers=workers, backend=self.backend, image=image, workdir=program.workdir,
+                                  preload=(), progress=self.observer).__enter__()
+        return self._labs[key]
 
     def get(self, workers: int, protocol: str) -> Lab:
         code = code_dir_of(protocol)
@@ -122,13 +140,14 @@ def target_of(run: Mapping[str, Any]) -> Target | None:
 
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
                progress: Progress = logger.info, title: str = "Squall matrix",
-               observer: Observer | None = None, calibrate: bool = True) -> Results:
+               observer: Observer | None = None, calibrate: bool = True, logs: Path | None = None) -> Results:
     """Run every cell (and claim) and collect the results for the report.
 
     :param progress: gets one line per cell and claim (its verdict), and one per calibration.
     :param calibrate: quickly calibrate each profile before its first cell (:mod:`squall.experiment.fidelity`);
         the report flags cells run on a profile whose calibration failed.
     :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
+    :param logs: where programs' per-rank logs go (a folder per cell); default a temporary folder.
     """
     cells: list[CellResult] = []
     claim_results: list[ClaimResult] = []
@@ -137,13 +156,18 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     t0 = time.monotonic()
     before = provenance.collect()
     fidelity = SessionCalibration(enabled=calibrate, progress=progress)
+    logs = logs or Path(tempfile.mkdtemp(prefix="squall-program-logs-"))
     with Labs(backend=backend, observer=observer, fidelity=fidelity) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
             if observer is not None:
                 observer.label = f"[{k}/{len(todo)}] {cell_id}"
-            cells.append(_run_cell(labs, cell, run, target, cell_id=cell_id, tag=f"[{k}/{len(todo)}] {cell_id}",
-                                   progress=progress))
+            tag = f"[{k}/{len(todo)}] {cell_id}"
+            if cell.program is not None:
+                cells.append(run_program_cell(labs, cell, cell.program, run, cell_id=cell_id, tag=tag,
+                                              progress=progress, logs=logs / cell_id))
+                continue
+            cells.append(_run_cell(labs, cell, run, target, cell_id=cell_id, tag=tag, progress=progress))
         for claim in claims:
             if observer is not None:
                 observer.label = f"claim {claim.id}"
@@ -159,6 +183,11 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
             "profiles": describe_profiles((c.profile, c.workers) for c in todo)}
     if not calibrate:
         meta["calibration"] = "off: the emulation of these profiles was not checked in this run"
+    shared = {str(p.target) for p in matrix.programs}
+    if matrix.programs and not run.get("target") and len(shared) == 1:
+        common = report_target(matrix.programs[0].target)
+        if common:
+            meta["target"] = common  # every program has this target: the report compares them at it
     return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), calibration=tuple(fidelity.rows),
                    meta=meta)
 
@@ -181,6 +210,33 @@ def run_replays(cells: Sequence[RecordedCell], *, backend: str | None = None, pr
     meta = {"cells": len(results), "duration_s": round(time.monotonic() - t0, 1), "replayed": True,
             "shaping backend": ", ".join(backends) or "none", "provenance": provenance.finish(before)}
     return Results(title=title, cells=tuple(results), meta=meta)
+
+
+#: A program's budget in a matrix whose run: section gives no seconds.
+PROGRAM_SECONDS = 60.0
+
+
+def run_program_cell(labs: Labs, cell: Cell, program: ProgramSpec, run: Mapping[str, Any], *, cell_id: str, tag: str,
+                     progress: Progress, logs: Path) -> CellResult:
+    """One program cell: its lab (the program's folder and image), the run, the verdict."""
+    t = time.monotonic()
+    seconds = float(run.get("seconds") or PROGRAM_SECONDS)
+    if labs.fidelity is not None and labs.fidelity.enabled and cell.profile not in labs.fidelity.verdicts:
+        lab = labs.program_lab(cell.workers, program)
+        if labs.observer is not None:
+            labs.observer.stage("calibrating", cell.profile)
+        labs.fidelity.ensure(cell.profile, lab.cluster, cell.workers, shaper=lab.shaper)
+    try:
+        done = run_program(labs.program_lab(cell.workers, program), program, cell.profile, seconds=seconds,
+                           seed=cell.seed, logs=logs)
+    except ExperimentError as exc:
+        progress(f"{tag}: ERROR {exc}")
+        empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
+        return CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),))
+    verdict = judge(done.trace, done.runs, target=program.target, metric_names=program.metric_names)
+    state = {True: "PASS", False: "FAIL", None: "UNKNOWN"}[verdict.passed]
+    progress(f"{tag}: {state} in {time.monotonic() - t:.1f} s {verdict.line()}")
+    return CellResult(cell_id, done.trace, (verdict,))
 
 
 def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,

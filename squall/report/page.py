@@ -45,6 +45,7 @@ from squall.report.plots import (
     plot_trace_fidelity,
     plot_utilization,
 )
+from squall.report.programs import RANKS_HEAD, program_sections
 from squall.report.reproduce import matrix_text, reproduce_rows
 from squall.trace import RunTrace, trace_from_json, trace_to_json
 
@@ -251,6 +252,22 @@ def _stats(view: _View) -> dict[str, tuple[list[str], list[list[str]]]]:
     return stats_tables([(c.cell_id, c.trace) for c in view.results.cells])
 
 
+def _programs(view: _View) -> list[tuple[str, str, list[list[str]], tuple[list[str], list[list[str]]], list[str]]]:
+    return program_sections([(c.cell_id, c.trace) for c in view.results.cells])
+
+
+def _html_programs(view: _View) -> list[str]:
+    parts: list[str] = []
+    for cell_id, command, ranks, (link_head, links), marks in _programs(view):
+        parts += [f"<h4>{html.escape(cell_id)}: <code>{html.escape(command)}</code></h4>",
+                  "<p>Each rank (bytes counted in the kernel by the shaping backend, IP headers included):</p>",
+                  _html_table(RANKS_HEAD, ranks), "<p>Bytes per directed link (row: sender):</p>",
+                  _html_table(link_head, links)]
+        if marks:
+            parts.append("<ul>" + "".join(f"<li>churn: {html.escape(m)}</li>" for m in marks) + "</ul>")
+    return ["<h3>Programs: ranks and links</h3>", *parts] if parts else []
+
+
 def _traces(results: Results) -> list[RunTrace]:
     return [c.trace for c in results.cells]
 
@@ -286,6 +303,10 @@ def markdown(results: Results) -> str:
             out += ["### Compute utilization", "", UTILIZATION_TEXT, "",
                     *table(utilization.HEAD, utilization.rows(used))]
             out += [f"- **finding** {line}" for line in utilization.findings(used)] + [""]
+        for cell_id, command, ranks, (link_head, links), marks in _programs(view):
+            out += [f"### {cell_id}: `{command}`", "", "Each rank (bytes counted in the kernel, IP headers included):",
+                    "", *table(RANKS_HEAD, ranks), "Bytes per directed link:", "", *table(link_head, links)]
+            out += [f"- churn: {m}" for m in marks] + ([""] if marks else [])
     if results.claims:
         out += ["## Claims", "", *table(CLAIM_HEAD, _claim_rows(results))]
     if results.calibration:
@@ -391,6 +412,7 @@ def _html_compare(view: _View) -> list[str]:
                      "(median over workers of the end summaries, else of the last step record).</p>")
         for protocol, (head, rows) in stats.items():
             parts += [f"<h4>{html.escape(protocol)}</h4>", _html_table(head, rows)]
+    parts += _html_programs(view)
     return parts
 
 

@@ -51,6 +51,45 @@ class LinkState:
     blocked: frozenset[tuple[int, int]] = frozenset()  # directed pairs cut (link down, partition)
 
 
+@dataclass(frozen=True)
+class LinkCount:
+    """What one directed link carried, counted in the kernel."""
+
+    bytes: int = 0  # IP bytes (headers included, no link-layer header) the sender put on the link
+    packets: int = 0  # packets (a segmentation-offload packet counts once in the nfqueue backend)
+    dropped: int = 0  # packets the emulated link dropped (loss, a full queue)
+
+    def __add__(self, other: LinkCount) -> LinkCount:
+        return LinkCount(self.bytes + other.bytes, self.packets + other.packets, self.dropped + other.dropped)
+
+    def __sub__(self, other: LinkCount) -> LinkCount:
+        return LinkCount(max(0, self.bytes - other.bytes), max(0, self.packets - other.packets),
+                         max(0, self.dropped - other.dropped))
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """Every directed link's count since the shaper opened (monotone: a backend keeps what it counted
+    before it rebuilt its rules or a node restarted); the difference of two readings is what a run carried."""
+
+    links: Mapping[tuple[int, int], LinkCount] = field(default_factory=dict)  # (src, dst) -> count
+
+    def __sub__(self, before: LinkCounters) -> LinkCounters:
+        return LinkCounters({k: v - before.links.get(k, LinkCount()) for k, v in self.links.items()})
+
+    def __add__(self, other: LinkCounters) -> LinkCounters:
+        keys = set(self.links) | set(other.links)
+        return LinkCounters({k: self.links.get(k, LinkCount()) + other.links.get(k, LinkCount()) for k in keys})
+
+    def sent(self, node: int) -> int:
+        """Bytes ``node`` sent to every other node."""
+        return sum(c.bytes for (src, _), c in self.links.items() if src == node)
+
+    def received(self, node: int) -> int:
+        """Bytes every other node sent to ``node``."""
+        return sum(c.bytes for (_, dst), c in self.links.items() if dst == node)
+
+
 @runtime_checkable
 class Shaper(Protocol):
     """A shaping backend bound to one cluster's endpoints."""
@@ -68,6 +107,10 @@ class Shaper(Protocol):
 
     def check(self) -> None:
         """Raise :class:`ShapingError` when shaping silently stopped (e.g. the nfqueue daemon died)."""
+
+    def counters(self) -> LinkCounters:
+        """Bytes, packets and drops of every directed link between endpoints, counted in the kernel
+        since the shaper opened (see :class:`LinkCounters`); cheap enough to read every second."""
 
     def close(self) -> None:
         """:meth:`clear`, then stop helpers; safe to call twice."""

@@ -49,6 +49,7 @@ logger = logging.getLogger("squall.worker.agent")
 
 MAX_REQUEST = 1 << 20  # bytes in one request line
 TICK = 0.02  # seconds between checks for finished children and expired waits
+COMMAND_JOB = "command"  # the job that runs a user's program (squall.worker.command)
 
 
 @dataclass
@@ -257,6 +258,10 @@ class Agent:
                 os.killpg(job.pid, signal.SIGKILL)
             _, status = os.waitpid(job.pid, 0)
             self._finish(job, status)
+            if job.spec.entry == COMMAND_JOB:  # a user's program: what it started outside the job's group too
+                from squall.worker.command import reap_user
+
+                reap_user()
         return self._status(job)
 
     # -- children -------------------------------------------------------------------------------

@@ -102,7 +102,9 @@ def test_the_receivers_kernel_stamps_a_delayed_packet(lan: BridgedLan) -> None:
     assert abs(median - unshaped - DELAY_US) <= TOLERANCE_US, (
         f"kernel receive stamp {median:.0f} us after the send (unshaped {unshaped:.0f} us), "
         f"expected {DELAY_US} +- {TOLERANCE_US:.0f} us")
-    assert len(rules) == 3, rules  # the chain, its jump, one rule for the one shaped link
+    # the chain, its jump, the shaped link's rule to its queue, the other link's rule that only counts
+    assert len(rules) == 4, rules
+    assert sum("-j NFQUEUE" in line for line in rules) == 1, rules
     assert any(f"-s {lan.endpoints[0].address}/32 -d {lan.endpoints[1].address}/32" in r for r in rules), rules
     assert [normalize_save(lan.run(i, ["iptables-save"])) for i in range(2)] == hosts_before, "rules in the hosts"
     assert normalize_save(_sw(lan, ["iptables-save"])) == sw_before

@@ -40,6 +40,7 @@ from squall.calibration import stalls
 from squall.cluster import Cluster
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
 from squall.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
+from squall.shaping.base import LinkCount
 from squall.shaping.echo_probe import ProbeResult
 from squall.shaping.iptables import normalize_save
 from squall.shaping.lan import BridgedLan
@@ -238,6 +239,64 @@ def tcp_goodput(lan: Lan, src: int, dst: int, seconds: float) -> float:
         client.close()
         thread.join(10)
         server.close()
+
+
+#: Bytes per packet beyond the payload that the counters see on a TCP transfer between two Linux hosts:
+#: IPv4 20 + TCP 20 + timestamps 12; a SYN carries 8 option bytes more (MSS, SACK permitted, window scale).
+TCP_HEADERS, SYN_OPTIONS = 52, 8
+
+
+def transfer(lan: Lan, src: int, dst: int, payload: int, port: int) -> None:
+    """Send exactly ``payload`` bytes over TCP from host ``src`` to ``dst``, which answers one byte at the end."""
+    server = lan.bed.tcp_socket(lan.key(dst))
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((lan.endpoints[dst].address, port))
+    server.listen(1)
+    got = [0]
+
+    def sink() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while chunk := conn.recv(1 << 20):
+                got[0] += len(chunk)
+            conn.sendall(b"k")
+
+    thread = threading.Thread(target=sink)
+    thread.start()
+    client = lan.bed.tcp_socket(lan.key(src))
+    try:
+        client.connect((lan.endpoints[dst].address, port))
+        client.sendall(b"\x5a" * payload)
+        client.shutdown(socket.SHUT_WR)
+        assert client.recv(1) == b"k"
+    finally:
+        client.close()
+        thread.join(10)
+        server.close()
+    assert got[0] == payload
+
+
+def test_counters_count_what_each_directed_link_carried(lan: Lan, shaper: Shaper) -> None:
+    """Bytes per directed link, counted in the kernel (squall run's bytes for any program): a transfer of a
+    known size over a delayed link and one over a link the profile leaves alone, headers accounted for."""
+    shaper.apply(LinkState(links(LinkSpec(delay_us=2_000), [(0, 1), (1, 0)])))  # 0 <-> 2 unshaped
+    time.sleep(0.5)  # nothing of the module's earlier tests still in flight
+    before = shaper.counters()
+    payload = 3_000_000
+    transfer(lan, 0, 1, payload, PORT + 2)
+    transfer(lan, 0, 2, payload, PORT + 3)
+    time.sleep(0.2)  # the last packets leave the delayed link
+    seen = shaper.counters() - before
+    got = {k: seen.links.get(k, LinkCount()) for k in [(s, d) for s in range(HOSTS) for d in range(HOSTS) if s != d]}
+    logger.info("%s counters: %s", shaper.backend, got)
+    for link in ((0, 1), (0, 2)):
+        c = got[link]
+        assert 0 <= c.bytes - payload - TCP_HEADERS * c.packets <= SYN_OPTIONS + TCP_HEADERS, (link, c)
+    for link in ((1, 0), (2, 0)):  # acknowledgements, and the answer's byte
+        c = got[link]
+        assert c.packets > 0 and 0 <= c.bytes - 1 - TCP_HEADERS * c.packets <= SYN_OPTIONS + TCP_HEADERS, (link, c)
+    assert got[(1, 2)] == got[(2, 1)] == LinkCount(), got
+    assert seen.sent(0) == got[(0, 1)].bytes + got[(0, 2)].bytes
 
 
 def test_change_takes_effect_within_100ms(lan: Lan, shaper: Shaper) -> None:

@@ -52,6 +52,7 @@ GUEST_TESTS = (
     BACKENDS + "test_blocked_pair_drops_everything_and_unblocking_restores[netem]",
     BACKENDS + "test_rate_limit_tcp_goodput[netem]",
     BACKENDS + "test_incremental_changes_match_a_fresh_apply[netem]",
+    BACKENDS + "test_counters_count_what_each_directed_link_carried[netem]",
     *RESTATED.values(),
     _G + "test_a_partition_blocks_and_a_heal_restores[netem]",
     _G + "test_a_per_pair_setting_changes_only_that_pair[netem]",

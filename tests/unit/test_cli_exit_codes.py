@@ -154,3 +154,39 @@ def test_bad_marker_arguments_are_usage_errors(pytester: pytest.Pytester, marker
     assert result.ret in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED)
     assert "UsageError" in result.stdout.str() + result.stderr.str()
     assert message in result.stdout.str() + result.stderr.str()
+
+
+# -- squall run -- COMMAND (a user's own program) -------------------------------------------------
+@pytest.fixture
+def program_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with a script, readable by the unprivileged user programs run as; the current directory."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "train.py").write_text("print('step 1 loss 1.0')\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv", [
+    ("--protocol", "ring", "--", "python", "train.py"),  # both a protocol and a command
+    ("--",),  # neither
+    ("--protocol", "ring", "--metric", "loss=loss (\\S+)"),  # a command's flag with a protocol
+    ("--metric", "loss", "--", "python", "train.py"),
+    ("--metric", "loss=(", "--", "python", "train.py"),
+    ("--target", "loss=1", "--", "python", "train.py"),
+    ("--workdir", "/nonexistent/folder", "--", "python", "train.py"),
+    ("--requirements", "missing.txt", "--", "python", "train.py"),
+    ("--pip", "-e .", "--", "python", "train.py"),
+    ("--workers", "1", "--profile", "preemptible", "--", "python", "train.py"),
+])
+def test_run_a_command_with_bad_usage(program_dir: Path, argv: tuple[str, ...]) -> None:
+    profile = () if "--profile" in argv else ("--profile", "lan")
+    assert code_of("run", *profile, *argv) == EXIT_USAGE
+
+
+def test_run_a_command_without_an_engine_is_an_environment_not_ready(program_dir: Path) -> None:
+    assert code_of("run", "--profile", "lan", "--", "python", "train.py") == EXIT_ENVIRONMENT
+
+
+def test_image_build_with_requirements(program_dir: Path) -> None:
+    assert code_of("image", "build", "--pip", "-r other.txt") == EXIT_USAGE
+    assert code_of("image", "build", "--pip", "hivemind==1.1.12") == EXIT_ENVIRONMENT

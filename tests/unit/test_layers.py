@@ -46,10 +46,10 @@ WORKER_BASE = {"wire", "transport", "job interface", "training"}
 
 #: Bottom to top. "protocol folders" is filled with every folder that has a protocol.py.
 LAYERS: tuple[Layer, ...] = (
-    _layer("package root", "worker", {"squall"}),
+    _layer("package root", "worker", {"squall", "squall.record"}),
     _layer("wire", "worker", {"squall.wire"}),
     _layer("transport", "worker", {"squall.transport"}, {"wire"}),
-    _layer("job interface", "worker", {"squall.job"}),
+    _layer("job interface", "worker", {"squall.job", "squall.programs.lines"}),
     _layer("training", "worker", {"squall.training"}, {"wire", "transport", "job interface"}),
     _layer("shared", "worker", {"squall.collectives", "squall.gossip", "squall.lowcomm"}, WORKER_BASE),
     _layer("protocol folders", "worker", set(), WORKER_BASE | {"shared"}),
@@ -66,23 +66,27 @@ LAYERS: tuple[Layer, ...] = (
     # The checks hold the one validity (pass, fail, unknown) and its merge rule, which calibration uses too.
     _layer("checks", "host", {"squall.checks"}, {"trace"}),
     _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster", "checks"}),
+    _layer("programs", "host", {"squall.programs"}, {"checks", "trace", "program lines"}),
     _layer("timeline", "host", {"squall.experiment.timeline"}, {"profiles", "trace"}),
-    _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles"}),
+    _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles", "programs"}),
     _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
-    _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised"},
-           {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog"}),
+    _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised", "squall.experiment.program"},
+           {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs"}),
     _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity",
                               "squall.experiment.replay"},
-           {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog"}),
+           {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog", "programs"}),
     _layer("front", "host", {"squall.cli", "squall.pytest_plugin"},
            {"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix", "report",
-            "experiment", "claims", "protocol catalog", "training"}),
+            "experiment", "claims", "protocol catalog", "training", "programs"}),
 )
 #: What the host may use of the worker side: the catalog (names, declarations), the job
-#: interface (a pure-maths claim's function is resolved by name) and the training layer's plain
-#: data (the device model's draws). Everything else of the worker side runs in the containers.
+#: interface (a pure-maths claim's function is resolved by name), the training layer's plain
+#: data (the device model's draws) and the stdout-line parsing a program's runner shares with
+#: the host (patterns are validated on the host before they reach the containers). Everything else
+#: of the worker side runs in the containers.
 HOST_SEES = {"squall.protocols.catalog": "protocol catalog", "squall.job": "protocol catalog",
-             "squall.training": "training"}
+             "squall.training": "training",
+             "squall.programs.lines": "program lines"}
 
 #: Third-party packages that only some modules (or the packages named) may import.
 CONFINED = {

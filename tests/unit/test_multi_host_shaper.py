@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from squall.cluster.swarm.node_agent import IdleShaper, _multi_host
-from squall.shaping.base import Endpoint, LinkState, MultiHostShaper, ShapingError
+from squall.shaping.base import Endpoint, LinkCounters, LinkState, MultiHostShaper, ShapingError
 from squall.shaping.netem.backend import NetemShaper
 from squall.shaping.nfqueue.backend import NfqueueShaper
 
@@ -60,6 +60,7 @@ class _SingleHost:
     def clear(self) -> None: ...
     def replace_endpoint(self, endpoint: Endpoint) -> None: ...
     def check(self) -> None: ...
+    def counters(self) -> LinkCounters: return LinkCounters()
     def close(self) -> None: ...
 
 

@@ -140,10 +140,13 @@ def test_every_daemon_queue_is_a_rule_on_the_bridge_and_the_containers_keep_drop
     plans = plan_nfqueue(ENDPOINTS, state)
     block = QueueBlock(1024, 3)
     rules = hold_rules(plans, {ep.index: ep for ep in ENDPOINTS}, block)
-    assert rules == [
+    assert rules == [  # one rule per directed link: its queue where the daemon shapes it, else it only counts
         HoldRule("10.9.0.3", "10.9.0.2", block.queue(0, 1)),
         HoldRule("10.9.0.4", "10.9.0.2", block.queue(0, 2)),
         HoldRule("10.9.0.2", "10.9.0.3", block.queue(1, 0)),
+        HoldRule("10.9.0.4", "10.9.0.3", None),
+        HoldRule("10.9.0.2", "10.9.0.4", None),
+        HoldRule("10.9.0.3", "10.9.0.4", None),
     ]
     # what the containers get (the node plans' rules) is only DROP and TEE: the cut 1 -> 2 stays
     assert all(r.action in ("DROP", "TEE") for p in plans.values() for r in p.rules)

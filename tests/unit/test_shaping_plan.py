@@ -224,10 +224,14 @@ def test_nfqueue_queues_rules_and_conversion() -> None:
         (RuleOp("PREROUTING", "DROP", "10.9.0.2"),),
         (QueueOp(0, "10.9.0.2", params), QueueOp(1, "10.9.0.3", LinkParams(delay_us=3000))),
     )
-    # each queue is one NFQUEUE rule on the bridge (after the receiver's DROP, the cut link never gets there)
+    # each queue is one NFQUEUE rule on the bridge (after the receiver's DROP, the cut link never gets there);
+    # every other directed link gets a rule that only counts
     block = QueueBlock(1026, 3)
-    assert hold_rules(plans, {ep.index: ep for ep in EPS}, block) == [
+    rules = hold_rules(plans, {ep.index: ep for ep in EPS}, block)
+    assert [r for r in rules if r.queue is not None] == [
         HoldRule("10.9.0.2", "10.9.0.4", 1026 + 2 * 3 + 0), HoldRule("10.9.0.3", "10.9.0.4", 1026 + 2 * 3 + 1)]
+    assert len(rules) == 6 and {(r.source, r.destination) for r in rules if r.queue is None} == {
+        ("10.9.0.3", "10.9.0.2"), ("10.9.0.4", "10.9.0.2"), ("10.9.0.2", "10.9.0.3"), ("10.9.0.4", "10.9.0.3")}
     # the rate stays in the sender's HTB, with a FIFO leaf sized for rate x delay (floor 1000)
     assert list(plans[0].tc) == ROOT_OPS + peer(2, Pfifo(1000), rate=20_000_000)
     assert list(plans[1].tc) == ROOT_OPS + peer(0, Pfifo(1000), rate=5_000_000)

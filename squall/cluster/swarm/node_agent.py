@@ -49,7 +49,15 @@ from docker import errors as docker_errors
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.errors import JobError
 from squall.cluster.swarm import wire
-from squall.shaping.base import ELSEWHERE_PREFIX, Endpoint, LinkState, MultiHostShaper, Shaper, ShapingError
+from squall.shaping.base import (
+    ELSEWHERE_PREFIX,
+    Endpoint,
+    LinkCounters,
+    LinkState,
+    MultiHostShaper,
+    Shaper,
+    ShapingError,
+)
 
 logger = logging.getLogger("squall.node_agent")
 
@@ -303,6 +311,9 @@ class Agent:
             return {"ok": True}
         if cmd == "shape_open":
             return {"ok": True, "backend": self.shape_open(request.get("backend"), list(request["endpoints"]))}
+        if cmd == "shape_counters":
+            with self.lock:
+                return {"ok": True, "counters": wire.encode_counters(self._shaper().counters())}
         if isinstance(cmd, str) and cmd.startswith("shape_"):
             self.shape(cmd, request)
             return {"ok": True}
@@ -350,6 +361,10 @@ class IdleShaper:
 
     def check(self) -> None:
         """Nothing can have stopped."""
+
+    def counters(self) -> LinkCounters:
+        """No link is counted here."""
+        return LinkCounters()
 
     def replace_endpoint(self, endpoint: Endpoint) -> None:
         """A worker restarted on this node, which opened no shaper since none ran here: reopen it."""

@@ -23,7 +23,7 @@ from typing import Any
 from squall.cluster.agent_client import AgentRequests
 from squall.cluster.errors import ClusterError, JobError
 from squall.cluster.swarm import wire
-from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.base import Endpoint, LinkCounters, LinkState, ShapingError
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,23 @@ class SwarmShaper:
         if failed:
             raise ShapingError("re-applying after a restart failed on "
                                + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+
+    def counters(self) -> LinkCounters:
+        """Every node's link counters, added up (each link is counted on one node: its sender's for netem,
+        its receiver's for nfqueue)."""
+        self._require_open()
+        found: dict[str, LinkCounters] = {}
+
+        def one(link: NodeLink) -> None:
+            found[link.node] = wire.decode_counters(link.call("shape_counters", timeout=self.timeout)["counters"])
+
+        failed = {n: e for n, e in _each(self.links, one).items() if e is not None}
+        if failed:
+            raise ShapingError("reading link counters failed on " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+        total = LinkCounters()
+        for counters in found.values():
+            total = total + counters
+        return total
 
     def check(self) -> None:
         """Raise :class:`ShapingError` when any node's shaping stopped."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
-from squall.shaping.base import Endpoint, LinkState
+from squall.shaping.base import Endpoint, LinkCount, LinkCounters, LinkState
 
 MAX_LINE = 16 << 20  # a 256-worker LinkState is about 65 000 links: a few MB of JSON
 
@@ -185,3 +185,23 @@ def endpoint_from_json(value: Any) -> Endpoint:
     if not all(isinstance(d.get(k), str) for k in ("address", "netns", "device")):
         raise WireError(f"endpoint: address, netns and device must be strings, got {d!r}")
     return Endpoint(_int(d.get("index"), "endpoint.index"), d["address"], d["netns"], d["device"])
+
+
+def encode_counters(counters: LinkCounters) -> list[list[int]]:
+    """A node's link counters as rows ``[src, dst, bytes, packets, dropped]``."""
+    return [[s, d, c.bytes, c.packets, c.dropped] for (s, d), c in sorted(counters.links.items())]
+
+
+def decode_counters(value: Any) -> LinkCounters:
+    """The counters :func:`encode_counters` wrote; :class:`WireError` on anything else."""
+    if not isinstance(value, list):
+        raise WireError(f"link counters are a list of rows, got {type(value).__name__}")
+    links: dict[tuple[int, int], LinkCount] = {}
+    for row in value:
+        if not isinstance(row, list) or len(row) != 5:
+            raise WireError(f"a link counter row is [src, dst, bytes, packets, dropped], got {row!r:.80}")
+        src, dst, size, packets, dropped = (_int(v, "counters") for v in row)
+        if min(size, packets, dropped) < 0:
+            raise WireError(f"link counters cannot be negative: {row!r}")
+        links[(src, dst)] = links.get((src, dst), LinkCount()) + LinkCount(size, packets, dropped)
+    return LinkCounters(links)

@@ -14,6 +14,10 @@ every node with two shaped destinations has such a tree. The clone leaves throug
 and netem leaf, so it is delayed like the original. A *correlated* duplication stays with netem
 (iptables draws independently); the kernel then accepts it only on a node with one netem leaf.
 
+Counting. Every directed link has its class, also one the profile leaves alone (``keep`` every
+pair: a netem leaf with no setting), so the classes' statistics are every link's bytes, packets and
+drops (:meth:`NetemShaper.counters`, :mod:`.counting`).
+
 This kernel has no ``sch_netem``; :func:`squall.shaping.select.open_shaper` refuses the backend there (with the
 probe's reason) and the integration test is skipped only for that reason.
 """
@@ -29,14 +33,16 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.base import Endpoint, LinkCounters, LinkState, ShapingError
 from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
 from squall.shaping.executor import Applier, endpoint_of, locked
+from squall.shaping.namespace import NamespaceGone, identity_of
 from squall.shaping.ops import NodePlan, QdiscOp, RuleOp, TcOp
 from squall.shaping.plan import tee_rule, validated
 from squall.shaping.scheduled import Applied, Schedule, ScheduleProcess
 from squall.shaping.timed import ChangeRun, netlink_batches
 
+from .counting import Accumulator, link_count, read_counts
 from .leaf import Netem
 from .plan import needs_netem, plan_netem
 
@@ -56,13 +62,22 @@ class NetemShaper:
         self._state: LinkState | None = None
         self._closed = False
         self._lock = threading.RLock()  # one change at a time (e.g. a churn thread and a phase change)
+        self._counts = Accumulator()  # every link's class statistics, carried across rebuilt classes
+
+    @property
+    def _every_link(self) -> frozenset[tuple[int, int]]:
+        """Every directed pair: each keeps its class, so each is counted."""
+        return frozenset((s, d) for s in self._endpoints for d in self._endpoints if s != d)
 
     @locked
     def apply(self, state: LinkState) -> None:
         """Make the links behave as ``state`` says; all or nothing."""
         self._require_open()
         t0 = time.monotonic()
-        plans = duplication_by_tee(plan_netem(list(self._endpoints.values()), state), self._endpoints, state)
+        plans = duplication_by_tee(plan_netem(list(self._endpoints.values()), state, self._every_link),
+                                   self._endpoints, state)
+        # Not read here (apply is on the clock of a link change): a class rebuilt by a structural change
+        # starts again from zero, and the next reading sees it lower and carries what it had counted.
         self._applier.apply(plans)
         self._state = state
         logger.info("netem: applied %d links on %d nodes in %.1f ms", len(state.links), len(plans),
@@ -70,9 +85,34 @@ class NetemShaper:
 
     @locked
     def clear(self) -> None:
-        """Remove every qdisc, class, filter, device and rule this shaper added."""
+        """Remove every qdisc, class, filter, device and rule this shaper added (what they counted is kept)."""
+        self._observe()
+        self._counts.forget(list(self._counts.last))
         self._applier.clear()
         self._state = None
+
+    @locked
+    def counters(self) -> LinkCounters:
+        """Every directed link's bytes, packets and drops: its HTB class's statistics (see :mod:`.counting`)."""
+        if not self._closed:
+            self._observe()
+        return LinkCounters(self._counts.totals())
+
+    def _observe(self) -> None:
+        """Read the classes of every live sender into the accumulator."""
+        readings = {}
+        for index in self._applier.live():
+            node = self._applier.nodes[index]
+            if node.namespace is None:
+                continue
+            others = {d: None for d in self._endpoints if d != index}
+            try:
+                found = read_counts(node.namespace, node.endpoint.device, others)
+            except (NamespaceGone, ShapingError, OSError) as exc:
+                logger.debug("netem counters of node %d unreadable: %s", index, exc)
+                continue
+            readings.update({(index, dst): link_count(tc) for dst, tc in found.items()})
+        self._counts.observe(readings)
 
     @locked
     def replace_endpoint(self, endpoint: Endpoint) -> None:
@@ -81,6 +121,10 @@ class NetemShaper:
         old = endpoint_of(self._endpoints, endpoint.index)
         self._endpoints[endpoint.index] = endpoint
         validated(list(self._endpoints.values()), LinkState({}))
+        self._observe()
+        held = self._applier.nodes[endpoint.index].namespace
+        if held is None or held.identity != identity_of(endpoint.netns):  # a fresh namespace: its classes start at 0
+            self._counts.forget([k for k in self._counts.last if k[0] == endpoint.index])
         self._applier.replace(endpoint)
         if self._state is not None and old.address != endpoint.address:
             self.apply(self._state)
@@ -117,7 +161,7 @@ class NetemShaper:
         """
         self._require_open()
         eps = list(self._endpoints.values())
-        keep = Keep(leaves=pairs_ever(timeline, needs_netem))
+        keep = Keep(leaves=pairs_ever(timeline, needs_netem) | self._every_link)  # every link counted
 
         def planner(state: LinkState, kept: Keep) -> dict[int, NodePlan]:
             return duplication_by_tee(plan_netem(eps, state, kept.leaves), self._endpoints, state)

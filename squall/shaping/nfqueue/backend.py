@@ -37,7 +37,7 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from squall.shaping.base import Endpoint, LinkState, ShapingError
+from squall.shaping.base import Endpoint, LinkCount, LinkCounters, LinkState, ShapingError
 from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
 from squall.shaping.executor import Applier, endpoint_of, locked
 from squall.shaping.netns import same_namespace
@@ -69,12 +69,15 @@ def queue_seed(receiver: int, source: int) -> int:
 
 
 def hold_rules(plans: dict[int, NfqueuePlan], endpoints: dict[int, Endpoint], block: QueueBlock) -> list[HoldRule]:
-    """The bridge rules for the plans' queues: one per directed link the daemon shapes."""
-    return [
-        HoldRule(q.address, endpoints[index].address, block.queue(index, q.source))
-        for index in sorted(plans)
-        for q in plans[index].queues
-    ]
+    """The bridge rules: one per directed link, to its queue where the daemon shapes it, else counting only."""
+    rules = []
+    for index in sorted(endpoints):
+        queued = {q.source for q in plans[index].queues} if index in plans else set()
+        for source in sorted(endpoints):
+            if source != index:
+                queue = block.queue(index, source) if source in queued else None
+                rules.append(HoldRule(endpoints[source].address, endpoints[index].address, queue))
+    return rules
 
 
 class NfqueueShaper:
@@ -115,6 +118,7 @@ class NfqueueShaper:
         self._workdir = make_workdir(run_id)  # named by run id, owner recorded: 'squall gc' finds it
         self._nodes = max(2, max(self._endpoints) + 1)
         self._block: QueueBlock | None = None  # while the run's queues are bound
+        self._drops_carried: dict[tuple[int, int], int] = {}  # (src, dst) -> drops of queues since unbound
         try:
             with hold.host_lock():
                 self._sysctl.ensure()
@@ -258,6 +262,8 @@ class NfqueueShaper:
         except ShapingError as exc:
             errors.append(str(exc))
         if self._block is not None:
+            for key, dropped in self._drops().items():
+                self._drops_carried[key] = self._drops_carried.get(key, 0) + dropped
             problem = self._unbind(sorted(self._endpoints))
             errors += [problem] if problem else []
         self._block = None
@@ -318,6 +324,49 @@ class NfqueueShaper:
         except NfqueueError as exc:
             raise ShapingError(str(exc)) from exc
         self._applier.check()
+
+    @locked
+    def counters(self) -> LinkCounters:
+        """Every directed link's bytes and packets (the bridge rules' counters) and drops (the daemon's).
+
+        The rules count a packet as it reaches the bridge, before the daemon holds or drops it: bytes
+        from the IP header on, a segmentation-offload packet once. Links whose endpoints are on
+        another host (a swarm run) are counted by that host's shaper.
+        """
+        by_address = {ep.address: i for i, ep in self._endpoints.items()}
+        links: dict[tuple[int, int], LinkCount] = {}
+        for (src, dst), (packets, size) in self._hold.counts().items():
+            if src in by_address and dst in by_address:
+                key = (by_address[src], by_address[dst])
+                links[key] = links.get(key, LinkCount()) + LinkCount(size, packets)
+        drops = dict(self._drops_carried)
+        if self._block is not None and not self._closed:
+            for key, dropped in self._drops().items():
+                drops[key] = drops.get(key, 0) + dropped
+        for key, dropped in drops.items():
+            links[key] = links.get(key, LinkCount()) + LinkCount(dropped=dropped)
+        return LinkCounters(links)
+
+    def _drops(self) -> dict[tuple[int, int], int]:
+        """(src, dst) -> packets the daemon dropped (loss) plus those the kernel's queue dropped (full)."""
+        if not self._daemon.is_alive():
+            return {}
+        try:
+            with self._daemon.client() as client:
+                stats = client.stats()
+        except NfqueueError as exc:
+            raise ShapingError(f"nfqueue daemon stats: {exc}") from exc
+        by_name = {namespace_name(i): i for i in self._endpoints}
+        by_address = {ep.address: i for i, ep in self._endpoints.items()}
+        out: dict[tuple[int, int], int] = {}
+        for q in stats.get("queues", []):
+            dst, src = by_name.get(q.get("namespace")), by_address.get(q.get("source"))
+            if dst is None or src is None:
+                continue
+            kernel = q.get("kernel") or {}
+            out[(src, dst)] = int(q.get("dropped", 0)) + int(kernel.get("queue_dropped", 0)) \
+                + int(kernel.get("user_dropped", 0))
+        return out
 
     @locked
     def close(self) -> None:

@@ -229,9 +229,14 @@ class HoldRules:
         self.receivers: frozenset[str] | None = None
         self.installed = False  # the chain and its jump exist
         self.created_table = False  # the mangle table was absent before this run's first rule
+        #: what the chain's rules had counted when they were last rewritten or removed, per (src, dst) address
+        self.carried: dict[tuple[str, str], tuple[int, int]] = {}
 
     def sync(self, rules: Sequence[HoldRule]) -> None:
-        """Make the chain hold ``rules`` (those of :attr:`receivers`): one ``iptables-restore`` transaction."""
+        """Make the chain hold ``rules`` (those of :attr:`receivers`): one ``iptables-restore`` transaction.
+
+        Declaring the chain again zeroes its counters, so what they counted is read first and carried.
+        """
         rules = hold_plan.for_receivers(rules, self.receivers)
         if self.installed and rules == self.rules:
             return
@@ -239,19 +244,46 @@ class HoldRules:
             self.remove()
             return
         with Namespace(self.netns).entered():
+            if self.installed:
+                self._carry()
             if not self.installed:
                 self.created_table = not has_table(normalize_save(_run(["iptables-save"])), hold_plan.TABLE)
             jump = not hold_plan.has_jump(_save(), self.chain)
             _run(["iptables-restore", "-w", "--noflush"], hold_plan.fill_script(self.chain, rules, jump=jump))
         self.rules, self.installed = rules, True
 
+    def counts(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """``(source, destination) address -> (packets, bytes)`` the run's rules counted, carried ones included."""
+        if not self.installed:
+            return dict(self.carried)
+        with Namespace(self.netns).entered():
+            now = hold_plan.link_counts(_run(["iptables-save", "-c", "-t", hold_plan.TABLE]), self.chain)
+        return _added(self.carried, now)
+
+    def _carry(self) -> None:
+        """In the namespace: add what the rules counted to :attr:`carried` (before they are rewritten)."""
+        now = hold_plan.link_counts(_run(["iptables-save", "-c", "-t", hold_plan.TABLE]), self.chain)
+        self.carried = _added(self.carried, now)
+
     def remove(self) -> None:
         """Remove the chain and its jump if they exist; nothing else in the table is touched."""
         with Namespace(self.netns).entered():
+            if self.installed:
+                with contextlib.suppress(ShapingError):
+                    self._carry()
             remove_chain(self.chain)
             if self.created_table:
                 _delete_table_if_empty()
         self.rules, self.installed, self.created_table = (), False, False
+
+
+def _added(a: dict[tuple[str, str], tuple[int, int]],
+           b: dict[tuple[str, str], tuple[int, int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    out = dict(a)
+    for key, (packets, size) in b.items():
+        p0, s0 = out.get(key, (0, 0))
+        out[key] = (p0 + packets, s0 + size)
+    return out
 
 
 def _delete_table_if_empty() -> None:

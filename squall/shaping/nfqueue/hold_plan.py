@@ -12,6 +12,10 @@ the top of ``PREROUTING``, one rule per shaped directed link::
 
     -A SQUALL-<run>-nq -s <src>/32 -d <dst>/32 -j NFQUEUE --queue-num <q> --queue-bypass
 
+A link the daemon has nothing to do for gets a rule without a target, which only counts: every
+directed link then has one rule, and the rules' counters are the kernel's count of what each link
+carried (:func:`link_counts`; read before a rewrite of the chain and carried over, :mod:`.hold`).
+
 The bridge's namespace is shared (on a Docker host it is the host's, with Docker's own rules and
 other runs' chains), so each run takes a block of queue numbers nobody has bound
 (:func:`choose_base`) and queue ``base + receiver * nodes + source`` carries one directed link
@@ -77,11 +81,11 @@ class QueueBlock:
 
 @dataclass(frozen=True)
 class HoldRule:
-    """Packets from ``source`` to ``destination`` wait in queue ``queue``."""
+    """Packets from ``source`` to ``destination`` wait in queue ``queue`` (None: they are only counted)."""
 
     source: str  # sender's IPv4 address
     destination: str  # receiver's IPv4 address
-    queue: int  # NFQUEUE number in the bridge's namespace
+    queue: int | None  # NFQUEUE number in the bridge's namespace; None: a counting rule without a target
 
     def __post_init__(self) -> None:
         for what in ("source", "destination"):
@@ -92,7 +96,7 @@ class HoldRule:
                 raise RulesError(f"hold rule: {what}={value!r}; allowed: an IPv4 address") from None
             if address.version != 4:
                 raise RulesError(f"hold rule: {what}={value!r}; allowed: an IPv4 address")
-        if not 0 <= self.queue <= MAX_QUEUE:
+        if self.queue is not None and not 0 <= self.queue <= MAX_QUEUE:
             raise RulesError(f"hold rule: queue={self.queue}; allowed: 0 .. {MAX_QUEUE}")
 
 
@@ -131,13 +135,14 @@ def hold_chains(save_text: str) -> list[str]:
 
 def rule_line(chain: str, rule: HoldRule) -> str:
     """One rule as ``iptables-restore`` reads it."""
-    return (f"-A {chain} -s {rule.source}/32 -d {rule.destination}/32 "
-            f"-j NFQUEUE --queue-num {rule.queue} --queue-bypass")
+    match = f"-A {chain} -s {rule.source}/32 -d {rule.destination}/32"
+    return match if rule.queue is None else f"{match} -j NFQUEUE --queue-num {rule.queue} --queue-bypass"
 
 
 def fill_script(chain: str, rules: Sequence[HoldRule], *, jump: bool) -> str:
     """Declare (and so flush) the chain, append ``rules``, and with ``jump`` add the jump to it."""
-    if len({(r.source, r.destination) for r in rules}) != len(rules) or len({r.queue for r in rules}) != len(rules):
+    queues = [r.queue for r in rules if r.queue is not None]
+    if len({(r.source, r.destination) for r in rules}) != len(rules) or len(set(queues)) != len(queues):
         raise RulesError("hold rules: each link and each queue may appear once")
     lines = [f"*{TABLE}", f":{chain} - [0:0]", *(rule_line(chain, r) for r in rules)]
     if jump:
@@ -190,3 +195,19 @@ def choose_base(nodes: int, taken: Iterable[int], first: int = FIRST_QUEUE) -> i
         if not any(q in taken_set for q in range(base, base + size)):
             return base
     raise RulesError(f"no free block of {size} NFQUEUE numbers in {first} .. {MAX_QUEUE} for {nodes} nodes")
+
+
+_ADDRESS = r"(\d+\.\d+\.\d+\.\d+)(?:/32)?"
+_COUNTED = re.compile(rf"^\[(\d+):(\d+)\] -A (\S+) -s {_ADDRESS} -d {_ADDRESS}(?: |$)")
+
+
+def link_counts(save_text: str, chain: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """``(source, destination) -> (packets, bytes)`` of ``chain``'s rules in an ``iptables-save -c``."""
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
+    for line in save_text.splitlines():
+        m = _COUNTED.match(line)
+        if m and m.group(3) == chain:
+            key = (m.group(4), m.group(5))
+            packets, size = counts.get(key, (0, 0))
+            counts[key] = (packets + int(m.group(1)), size + int(m.group(2)))
+    return counts

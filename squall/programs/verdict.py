@@ -1,0 +1,140 @@
+"""How a program's run went, rank by rank, and the verdict: pass, fail or unknown (pure).
+
+A rank's run ends in one of :data:`STATES`. The verdict, in this order:
+
+1. a rank *failed* (exited with a non-zero code, could not start, or its agent went away without
+   churn to explain it): **fail**, naming the rank, its exit code and the last lines of its stderr;
+2. with a target: no record of any rank carries the target's figure: **unknown** (the pattern never
+   matched: nothing to judge); every surviving rank met it: **pass**, measured as the time the last
+   of them did; otherwise **fail** with each rank's best figure;
+3. without a target: patterns were given and none ever matched: **unknown**; a rank was still
+   running at the end of its budget: **fail**; every rank exited 0: **pass**.
+
+A program is never passed by accident: a figure that was never read is ``unknown``, not ``pass``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from squall.checks.verdict import Verdict
+from squall.programs.target import ProgramTarget
+from squall.trace import RunTrace, StepRecord
+
+CHECK = "program"
+#: How one run of one rank ended.
+STATES = {
+    "exited": "exited by itself (see the exit code)",
+    "budget": "still running at the end of its budget: stopped (SIGTERM, then SIGKILL)",
+    "stopped": "stopped because another rank failed",
+    "killed": "its container was killed by the profile's churn",
+    "lost": "its agent went away (the container died) without churn to explain it",
+    "error": "could not be started",
+}
+NAMED = ("loss", "eval_loss", "accuracy")  # figures a trace keeps in their own fields
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """One run of one rank (a rank restarted by churn has several)."""
+
+    rank: int  # the rank (= worker index)
+    restart: int  # 0 for the first start, then 1, 2... (TORCHELASTIC_RESTART_COUNT)
+    state: str  # one of STATES
+    exit_code: int | None  # the program's exit code when it exited by itself or was stopped
+    duration_s: float | None  # how long it ran
+    stderr_tail: tuple[str, ...] = ()  # its last lines of stderr
+    logs: str = ""  # the folder holding its stdout.txt, stderr.txt and out/
+    ended_s: float | None = None  # seconds after the run started that the host saw it end
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"rank state {self.state!r}; allowed: {sorted(STATES)}")
+
+    @property
+    def failed(self) -> bool:
+        """Whether this run is a failure of the program (not of the network's churn, not a stop by Squall)."""
+        return (self.state == "exited" and self.exit_code != 0) or self.state in ("error", "lost")
+
+    def describe(self) -> str:
+        """``rank 2 exited with exit code 1; last lines of its stderr: ...``."""
+        what = {"exited": f"exited with {_code(self.exit_code)}", "error": "could not be started",
+                "lost": "was lost (its container went away)", "budget": "was still running at its budget",
+                "stopped": "was stopped after another rank failed", "killed": "was killed by churn"}[self.state]
+        again = f" (restart {self.restart})" if self.restart else ""
+        tail = " | ".join(self.stderr_tail[-5:])
+        return f"rank {self.rank}{again} {what}" + (f"; last lines of its stderr: {tail}" if tail else "")
+
+
+def _code(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def figure_of(rec: StepRecord, name: str) -> float | None:
+    """The figure ``name`` of a record: a named field of the trace, else one of its extras."""
+    if name in NAMED:
+        value: float | None = getattr(rec, name)
+        return value
+    return rec.extra.get(name)
+
+
+def rank_time_to_target(trace: RunTrace, target: ProgramTarget, rank: int) -> float | None:
+    """Seconds until ``rank`` first met ``target``, or None."""
+    for rec in trace.of(rank):
+        value = figure_of(rec, target.metric)
+        if value is not None and target.met(value):
+            return rec.t
+    return None
+
+
+def time_to_target(trace: RunTrace, target: ProgramTarget) -> float | None:
+    """Seconds until every surviving rank met ``target`` (the last of them), or None."""
+    times = [rank_time_to_target(trace, target, r) for r in trace.alive]
+    return None if not times or any(t is None for t in times) else max(t for t in times if t is not None)
+
+
+def last_runs(runs: Sequence[RankRun]) -> dict[int, RankRun]:
+    """Each rank's last run."""
+    out: dict[int, RankRun] = {}
+    for run in sorted(runs, key=lambda r: (r.rank, r.restart)):
+        out[run.rank] = run
+    return out
+
+
+def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: ProgramTarget | None,
+          metric_names: Sequence[str] = ()) -> Verdict:
+    """The program's verdict (see the module docstring)."""
+    expected = f"every rank exits 0{'' if target is None else ' and every surviving rank reaches ' + target.describe()}"
+    failed = [r for r in runs if r.failed]
+    if failed:
+        first = min(failed, key=lambda r: (r.ended_s if r.ended_s is not None else float("inf"), r.rank))
+        others = [r.rank for r in failed if r is not first]
+        more = f"; ranks {others} failed too" if others else ""
+        return Verdict(CHECK, False, {"failed ranks": sorted({r.rank for r in failed})}, expected,
+                       first.describe() + more)
+    if target is not None:
+        values = [v for rec in trace.records if (v := figure_of(rec, target.metric)) is not None]
+        if not values:
+            return Verdict(CHECK, None, None, expected,
+                           f"no rank ever reported {target.metric!r} (the pattern never matched, and no squall.log "
+                           "record carried it): nothing to judge")
+        reached = time_to_target(trace, target)
+        if reached is not None:
+            return Verdict(CHECK, True, round(reached, 3), expected,
+                           f"every surviving rank reached {target.describe()}; the last after {reached:.1f} s")
+        late = []
+        for rank in trace.alive:
+            mine = [v for rec in trace.of(rank) if (v := figure_of(rec, target.metric)) is not None]
+            late.append(f"rank {rank} {'never reported it' if not mine else f'best {target.best(mine):.4g}'}")
+        return Verdict(CHECK, False, None, expected, f"{target.describe()} not reached: " + "; ".join(late))
+    if metric_names and not trace.records:
+        return Verdict(CHECK, None, None, expected,
+                       f"the patterns for {list(metric_names)} never matched a line of stdout: nothing to judge")
+    still = [r for r in last_runs(runs).values() if r.state == "budget"]
+    if still:
+        return Verdict(CHECK, False, None, expected,
+                       f"ranks {[r.rank for r in still]} were still running at the end of the budget and were stopped")
+    return Verdict(CHECK, True, None, expected, f"every rank exited 0 ({len(last_runs(runs))} ranks)")
