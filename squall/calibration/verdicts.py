@@ -127,10 +127,10 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
     milliseconds, one-sided, and moves the plain mean although the shaper's delay is right. The
     samples left out are counted and shown; more of them than the policy's limit for this link make
     the row unknown (a shaper that is late and a host that stalls cannot be told apart), never
-    passed; but a delay short of the accepted range even in the mean of all samples is failed
-    however busy the host, as a stall cannot make a packet early. ``host_stalls`` is the largest such share among the probe's links (stalls hit every link
+    passed. ``host_stalls`` is the largest such share among the probe's links (stalls hit every link
     of a probe alike, and are plain to see only on links without wide jitter): above the same
-    limit the row is unknown too.
+    limit the row is unknown too. A delay short of the accepted range even in the mean of all
+    samples is failed however busy the host: a stall cannot make a packet early.
     """
     policy = stalls.policy()
     want = _ms(model.mean_us)
@@ -163,7 +163,7 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
     if plain_mean < model.mean_us - tol_us:
         # A stall only ever adds delay: when even the mean of every sample, stalls and the
         # unshaped path included, is short of the accepted range, the shaper's delay is too small.
-        why += "; even the mean of all samples, baseline not subtracted, is short of it: a busy host cannot explain that"
+        why += "; even the mean of all samples, baseline included, is short of it: a busy host cannot explain that"
         ok = False
     return Check(link, metric, "ms", want, _ms(value_us), low, high, Validity.of(ok), why, n, p_false)
 
