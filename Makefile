@@ -28,16 +28,21 @@ image: venv docker
 demo: image
 	@$(SQUALL) demo
 
+# The unit tests need no Docker and share nothing: they run on both cores (pytest-xdist). The
+# containers' tests run one at a time, as their timing judges the host they share.
+UNIT_WORKERS ?= 2
+
 test: image
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
-	@$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/unit -n $(UNIT_WORKERS) --durations=15 $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/integration tests/matrix --durations=25 $(PYTEST_ARGS)
 
 unit: venv
-	@$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 integration: image
-	@$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/integration tests/matrix $(PYTEST_ARGS)
 
 # The netem backend on a netem kernel: a Debian kernel under QEMU TCG runs its suites (scripts/netem-vm/);
 # each guest test is a test of tests/integration/test_netem_vm.py (6-9 min). make test runs it too
@@ -49,7 +54,7 @@ test-netem: venv
 # (both also run in make test).
 .PHONY: test-swarm
 test-swarm: image
-	@$(VENV)/bin/pytest tests/integration/test_swarm_engine.py tests/integration/test_swarm_two_nodes.py tests/unit/test_swarm_engine_wire.py tests/unit/test_swarm_dind.py tests/unit/test_cluster_backend.py $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/integration/test_cluster_swarm_engine.py tests/integration/test_cluster_swarm_two_nodes.py tests/unit/test_cluster_swarm_wire.py tests/unit/test_cluster_swarm_dind.py tests/unit/test_cluster_backend.py $(PYTEST_ARGS)
 
 matrix: image
 	@$(SQUALL) matrix matrices/full.yaml --report results/matrix

@@ -12,7 +12,7 @@ user's first sanity check gives the answer the profile promises:
 * ``iperf3`` TCP and UDP: the wire rate of what arrived (payload plus headers) within 7 % of the
   link's rate.
 
-Parsing and judging are pure (table-tested in ``tests/unit/test_nfq_kernel_clients.py``); running
+Parsing and judging are pure (table-tested in ``tests/unit/test_nfqueue_kernel_clients.py``); running
 needs root, ``nsenter``, ``ping`` and ``iperf3``. :func:`require_tools` installs the two tools with
 apt where they are missing and apt is there, and otherwise raises with what to install.
 """

@@ -22,7 +22,7 @@ one loss model at a time, a Gilbert-Elliott chain that moves) are declared once,
 hand-built LinkSpec (:func:`problem`) and the delay daemon's configuration.
 
 Adding a setting is a LinkSpec field plus a row here (and a translator in each backend's plan for
-the carrier it names); ``tests/unit/test_link_settings.py`` fails until each backend either
+the carrier it names); ``tests/unit/test_profiles_settings.py`` fails until each backend either
 carries the new field or refuses it with an error naming it.
 """
 

@@ -1,6 +1,6 @@
 """What the swarm engine's tests check after a run: nothing of it left, the swarm as it was found.
 
-Shared by the one-node (``test_swarm_engine.py``) and two-node (``test_swarm_two_nodes.py``) tests.
+Shared by the one-node (``test_cluster_swarm_engine.py``) and two-node (``test_cluster_swarm_two_nodes.py``) tests.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ if "tests.netem_vm.guest_plugin" not in sys.modules:
                       "tests.netem_vm.guest_plugin): it restates the host's conformance suite and calibration "
                       "plan as it is imported; host code imports tests.netem_vm.guest_sched instead")
 from tests.integration import test_shaping_conformance as suite
-from tests.integration import test_trace_changes as traced
+from tests.integration import test_shaping_trace_changes as traced
 from tests.integration.test_shaping_conformance import (  # noqa: F401  (collected here: the suite itself)
     kernel_tools,
     pings,
@@ -383,7 +383,7 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun, baseline
 
 def test_a_tcp_stream_survives_50_changes_in_place(cluster: NamespaceCluster, shaper: Shaper,
                                                   tmp_path: Path) -> None:
-    """The host's test (``tests/integration/test_trace_changes.py``) on the guest's namespaces: one
+    """The host's test (``tests/integration/test_shaping_trace_changes.py``) on the guest's namespaces: one
     TCP stream across 50 in-place changes of delay and rate, never reset, its class never re-created."""
     traced.test_a_tcp_stream_survives_50_changes_in_place(cluster, shaper, tmp_path)
 

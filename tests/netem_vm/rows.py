@@ -25,9 +25,9 @@ BACKENDS = "tests/integration/test_shaping_backends.py::"
 CONFORMANCE = "tests/integration/test_shaping_conformance.py::"
 #: The host files whose netem rows the VM stands for (test_calibration has no netem parametrization:
 #: it calibrates with the default backend; the guest's test_calibration_on_netem rows calibrate netem).
-TRACES = "tests/integration/test_trace_changes.py::"
+TRACES = "tests/integration/test_shaping_trace_changes.py::"
 HOST_FILES = ("tests/integration/test_shaping_backends.py", "tests/integration/test_shaping_conformance.py",
-              "tests/integration/test_trace_changes.py")
+              "tests/integration/test_shaping_trace_changes.py")
 #: Host tests the guest runs in a restated form (tests/netem_vm/guest_backends.py says why).
 RESTATED = {
     BACKENDS + "test_delay_of_a_link[netem]": "tests/netem_vm/guest_backends.py::test_delay_of_a_link_netem",

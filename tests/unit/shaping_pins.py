@@ -1,6 +1,6 @@
 """Profiles whose link 0 -> 1 pins what each backend writes: netem's netlink options, the daemon's JSON.
 
-Shared by ``test_shaping_netem_wire.py`` and ``test_nfq_config.py``. The pinned values were taken
+Shared by ``test_shaping_netem_wire.py`` and ``test_nfqueue_config.py``. The pinned values were taken
 before the link settings moved to one unit (percent in profiles and netem leaves, fractions in the
 daemon's configuration), and the move kept them byte for byte: a change here is a change of what
 the kernel or the daemon is told. The inline profiles add values that are not round in binary

@@ -17,7 +17,7 @@ from squall.training.loop import LoopConfig
 from squall.training.optim import LrSchedule
 from squall.training.tasks import make_task
 from squall.transport import Transport
-from tests.unit.test_common_loop import run_ranks
+from tests.unit.test_training_loop import run_ranks
 
 WORKERS = 8
 ROWS, COLS, RANK = 64, 16, 4

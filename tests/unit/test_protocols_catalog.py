@@ -142,10 +142,10 @@ def test_a_name_declared_twice_names_both_sources() -> None:
 def test_a_shipped_name_declared_again_by_an_entry_point_is_rejected(
     monkeypatch: pytest.MonkeyPatch, fresh_catalog: None
 ) -> None:
-    with_entry_points(monkeypatch, importlib.metadata.EntryPoint("dup", "tests.unit.test_catalog:DUPLICATE",
+    with_entry_points(monkeypatch, importlib.metadata.EntryPoint("dup", "tests.unit.test_protocols_catalog:DUPLICATE",
                                                                  "squall.protocols"))
     with pytest.raises(DeclarationError, match=r"protocol 'moshpit' is declared twice: by squall.protocols.moshpit."
-                       r"protocol and by entry point dup = 'tests.unit.test_catalog:DUPLICATE'"):
+                       r"protocol and by entry point dup = 'tests.unit.test_protocols_catalog:DUPLICATE'"):
         discover()
 
 
@@ -215,10 +215,10 @@ def test_entry_points_may_hold_one_declaration_a_sequence_or_a_module() -> None:
 # -- third-party declarations through the entry-point group -------------------------------------------
 
 def test_an_entry_point_declaration_is_found(monkeypatch: pytest.MonkeyPatch, fresh_catalog: None) -> None:
-    with_entry_points(monkeypatch, importlib.metadata.EntryPoint("elsewhere", "tests.unit.test_catalog:THIRD_PARTY",
-                                                                 "squall.protocols"))
+    entry = importlib.metadata.EntryPoint("elsewhere", f"{__name__}:THIRD_PARTY", "squall.protocols")
+    with_entry_points(monkeypatch, entry)
     assert lookup("elsewhere") is THIRD_PARTY
-    assert source_of("elsewhere") == "entry point elsewhere = 'tests.unit.test_catalog:THIRD_PARTY'"
+    assert source_of("elsewhere") == "entry point elsewhere = 'tests.unit.test_protocols_catalog:THIRD_PARTY'"
     assert set(PROTOCOLS) == set(SHIPPED) | {"elsewhere"}
 
 
@@ -253,7 +253,7 @@ def test_cli_exit_codes(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as usage:
         protocols_cli(["protocols", "--bogus"])
     assert usage.value.code == 2
-    with_entry_points(monkeypatch, importlib.metadata.EntryPoint("dup", "tests.unit.test_catalog:DUPLICATE",
+    with_entry_points(monkeypatch, importlib.metadata.EntryPoint("dup", "tests.unit.test_protocols_catalog:DUPLICATE",
                                                                  "squall.protocols"))
     assert protocols_cli(["protocols"]) == 2
     assert "protocol 'moshpit' is declared twice" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """One host's shaper of several (squall.shaping.base.MultiHostShaper): what ``place`` and
 ``replace_elsewhere`` do to the plan, without touching a kernel (an endpoint elsewhere is never
 entered, and nothing here applies a state). The nfqueue shaper's side, which starts its daemon,
-runs in the two-node swarm test (tests/integration/test_swarm_dind.py)."""
+runs in the two-node swarm test (tests/integration/test_cluster_swarm_two_nodes.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from squall.training.loop import LoopConfig
 from squall.training.optim import LrSchedule, Sgd, SgdConfig
 from squall.training.tasks import LeastSquares, make_task
 from squall.transport import inproc_mesh
-from tests.unit.test_common_loop import exact_reducer, run_ranks
+from tests.unit.test_training_loop import exact_reducer, run_ranks
 
 QUADRATIC_FULL_BATCH = 128  # every rank's whole shard (512 rows / 4 ranks)
 

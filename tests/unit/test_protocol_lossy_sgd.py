@@ -1,6 +1,6 @@
 """lossy_sgd's pure parts: the estimators (claim T7.1 over 10^4 seeded trials), the packet layout, the
-inbox's bookkeeping and the options. The hostile-datagram cases are in test_lossy_sgd_decoder.py, the
-in-process runs over loopback UDP in test_lossy_sgd_train.py."""
+inbox's bookkeeping and the options. The hostile-datagram cases are in test_protocol_lossy_sgd_decoder.py, the
+in-process runs over loopback UDP in test_protocol_lossy_sgd_train.py."""
 
 from __future__ import annotations
 
