@@ -110,6 +110,12 @@ def drift_bounded(trace: RunTrace, bound: float, *, max_growth: float | None = N
 #: paper's test compares iterations 1500-2000 with 500-1000 of 2000.
 MID = (0.25, 0.5)
 LATE = (0.75, 1.0)
+#: The window a growing drift is compared from (:func:`owner_drift_grows`): the first quarter. Without a
+#: resync every missed contribution stays in the drift for good, so a burst of late packets (a host
+#: stall is one) sets a step that every later window keeps; a burst inside the mid window made a
+#: growing drift read late/mid = 1.2 on a busy host. From the first quarter the drift has grown
+#: however the misses fell after it.
+EARLY = (0.0, 0.25)
 
 
 def owner_drift_series(trace: RunTrace) -> list[tuple[int, float]]:
@@ -189,13 +195,14 @@ def owner_drift_bounded(trace: RunTrace, *, max_growth: float = 2.0, bound: floa
 
 @safe("drift_grows")
 def owner_drift_grows(trace: RunTrace, *, min_growth: float = 3.0, min_points: int = MIN_POINTS) -> Verdict:
-    """Pass when the mean drift from the owners grows: late/mid >= ``min_growth`` (a control without resync)."""
-    expected = f"late/mid drift >= {min_growth:g}"
+    """Pass when the mean drift from the owners grows: late/early >= ``min_growth`` (a control without
+    resync; the windows :data:`EARLY` and :data:`LATE`)."""
+    expected = f"late/early drift >= {min_growth:g}"
     series = owner_drift_series(trace)
-    growth = drift_growth(series) if len(series) >= min_points else None
+    growth = drift_growth(series, mid=EARLY) if len(series) >= min_points else None
     if growth is None:
         return unknown("drift_grows", expected, f"{len(series)} iterations with every owner's drift: too few")
-    mid, late, ratio = growth
-    measured = {"mid": mid, "late": late, "growth": round(ratio, 3), "points": len(series)}
+    early, late, ratio = growth
+    measured = {"early": early, "late": late, "growth": round(ratio, 3), "points": len(series)}
     passed = ratio >= min_growth
-    return Verdict("drift_grows", passed, measured, expected, f"late/mid = {ratio:.2f}")
+    return Verdict("drift_grows", passed, measured, expected, f"late/early = {ratio:.2f}")

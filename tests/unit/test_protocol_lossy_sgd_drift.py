@@ -61,6 +61,16 @@ def test_bounded_drift_passes_and_growing_drift_fails() -> None:
     assert owner_drift_grows(flat, min_growth=1.5).passed is False
 
 
+def test_a_step_in_the_mid_window_still_reads_as_growth_from_the_first_quarter() -> None:
+    """Without a resync a burst of misses stays in the drift: a step as the mid window starts, then
+    slow growth, is late/mid about 1.2 but many times the first quarter's drift."""
+    stepped = trace({t: 0.001 * t + (0.5 if t >= 50 else 0.0) for t in range(0, 200, 5)})
+    growth = drift_growth(owner_drift_series(stepped))
+    assert growth is not None and growth[2] < 1.25
+    verdict = owner_drift_grows(stepped, min_growth=3.0)
+    assert verdict.passed is True and verdict.measured["growth"] > 10, verdict.line()
+
+
 def test_analytic_bound_uses_the_late_mean_of_the_summed_squared_gradients() -> None:
     records = [StepRecord(worker=w, step=s, t=0.0, extra={"grad_sq": 0.25 * (1 if s >= 75 else 9)})
                for s in range(1, 101) for w in range(OWNERS)]

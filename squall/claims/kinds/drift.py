@@ -8,7 +8,7 @@ analytic bound ``c lr^2 G^2 p / (1 - p)`` (:func:`~squall.checks.drift.analytic_
 ``params.c``, default 10; ``p`` the loss measured from the run's datagram counters; ``G^2`` the late
 window's mean squared norm of the reconstructed gradient) when the run records them. ``slow``, the
 control without resync, runs on ``params.control_profile`` (default: the first profile) and its
-late/mid drift ratio must be at least ``params.control_growth`` (it grows).
+late/early drift ratio must be at least ``params.control_growth`` (it grows).
 
 ``loss_accuracy`` (T7.3): ``fast`` runs on ``profiles[0]`` (lossy) and ``profiles[1]`` (lossless) with
 the same steps and seeds; the median final accuracy on the lossy profile must be within ``at_most``
@@ -63,7 +63,7 @@ def bounded(claim: Claim, run: Runner) -> Verdict:
              owner_drift_grows(run(claim.spec(claim.slow, control_profile, seed), claim.workers),
                                min_growth=control_growth))
     expected = (f"late/mid drift <= {growth:g} and late drift <= {c:g} lr^2 G^2 p/(1-p) on {list(claim.profiles)}; "
-                f"the control's late/mid >= {control_growth:g}")
+                f"the control's late/early >= {control_growth:g}")
     validity = merge(v.validity for _, v in parts)
     if validity is Validity.PASS:
         return Verdict("drift_bounded", True, measured, expected, "bounded on every profile, the control grows")
