@@ -14,8 +14,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: Documents kept outside the repository that its files once cited.
-OUTSIDE = ("PROTOCOLS.md", "DESIGN.md", "LOW-COMMUNICATION.md", "STYLE.md", "../shared/")
+#: Documents kept outside the repository that its files once cited (spelled in pieces, so that this
+#: file does not cite them either and needs no exception in the check).
+OUTSIDE = (*(f"{name}.md" for name in ("PROTOCOLS", "DESIGN", "LOW-COMMUNICATION", "STYLE")), "../" + "shared/")
 #: ``[text](target)``; the target up to a closing parenthesis or a space.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 README_MAX_LINES = 160
@@ -50,7 +51,7 @@ def test_every_relative_link_resolves(path: Path) -> None:
 def test_no_file_cites_notes_outside_the_repository() -> None:
     hits = []
     for path in tracked():
-        if not path.is_file() or path == Path(__file__).resolve():
+        if not path.is_file():
             continue
         try:
             text = path.read_text()
