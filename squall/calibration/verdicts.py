@@ -157,12 +157,13 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
                 f"(mean of all: {_ms(plain_mean - baseline_us):.3f} ms)")
     why += f"; {model.note}" if model.note else ""
     limit = policy.limit(model.sd_us)
-    if (stalled > limit * n or host_stalls > limit) and plain_mean >= model.mean_us - tol_us:
+    # A stall only ever adds delay: when even the mean of every sample, stalls and the unshaped
+    # path included, is short of the accepted range, the shaper's delay is too small.
+    short = plain_mean < model.mean_us - tol_us
+    if (stalled > limit * n or host_stalls > limit) and not short:
         return Check(link, metric, "ms", want, _ms(value_us), low, high, Validity.UNKNOWN,
                      why + stalls.too_busy(max(stalled / n, host_stalls), "delay", limit), n)
-    if plain_mean < model.mean_us - tol_us:
-        # A stall only ever adds delay: when even the mean of every sample, stalls and the
-        # unshaped path included, is short of the accepted range, the shaper's delay is too small.
+    if short:
         why += "; even the mean of all samples, baseline included, is short of it: a busy host cannot explain that"
         ok = False
     return Check(link, metric, "ms", want, _ms(value_us), low, high, Validity.of(ok), why, n, p_false)
