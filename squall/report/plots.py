@@ -93,6 +93,14 @@ def _median_by_step(trace: RunTrace) -> tuple[list[float], list[float]]:
             [statistics.median(v for _, v in by_step[s]) for s in steps])
 
 
+def _legend(ax: Any) -> None:
+    """The panel's legend, or a "no points" note when nothing in it has a label (an empty legend only warns)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no points", transform=ax.transAxes, ha="center", va="center", fontsize=8, color="#757575")
+
+
 def _grid(panels: int) -> tuple[Any, list[Any]]:
     """A figure with one panel per profile, at most 3 across."""
     cols = min(3, panels)
@@ -105,8 +113,9 @@ def _grid(panels: int) -> tuple[Any, list[Any]]:
 
 
 def plot_loss_vs_bytes(traces: Sequence[RunTrace]) -> str | None:
-    """Training loss against MB sent per worker: one panel per profile, one line per protocol (lowest seed)."""
-    profiles = sorted({t.profile for t in traces if t.records})
+    """Training loss against MB sent per worker: one panel per profile, one line per protocol (lowest seed); None
+    when no trace has a loss."""
+    profiles = sorted({t.profile for t in traces if _median_by_step(t)[0]})
     if not profiles:
         return None
     fig, flat = _grid(len(profiles))
@@ -121,7 +130,7 @@ def plot_loss_vs_bytes(traces: Sequence[RunTrace]) -> str | None:
         ax.set_xlabel("MB sent per worker (median)")
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     fig.tight_layout()
     return png(fig)
 
@@ -164,8 +173,9 @@ def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float
 
 
 def plot_loss(traces: Sequence[RunTrace], metric: str = "loss") -> str | None:
-    """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each)."""
-    profiles = sorted({t.profile for t in traces})
+    """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each); None when no
+    trace has the metric (a program that reports another metric)."""
+    profiles = sorted({t.profile for t in traces if _median_curve(t, metric)[0]})
     if not profiles:
         return None
     fig, axes = _grid(len(profiles))
@@ -180,7 +190,7 @@ def plot_loss(traces: Sequence[RunTrace], metric: str = "loss") -> str | None:
         ax.set_xlabel("wall time since training started (s)")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     fig.tight_layout()
     return png(fig)
 
@@ -224,7 +234,7 @@ def plot_drift(traces: Sequence[RunTrace]) -> str | None:
         ax.set_ylabel("max pairwise distance")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     fig.tight_layout()
     return png(fig)
 
@@ -247,7 +257,7 @@ def plot_owner_drift(traces: Sequence[RunTrace]) -> str | None:
         ax.set_ylabel("mean ||x_i - x_owner||^2")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
     fig.tight_layout()
     return png(fig)
 

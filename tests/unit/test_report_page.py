@@ -13,6 +13,7 @@ import base64
 import json
 import re
 import struct
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,16 @@ def test_a_profile_given_by_path_is_described_under_its_own_name(tmp_path: Path)
     info = describe_profiles([(str(path), 4)])["mine"]
     assert info["source"] == str(path) and info["description"] == "thirty ms and two percent"
     assert info["links"] == [["all 12", "30ms", "-", "2%", "-", "-", "unlimited", "auto"]]
+
+
+def test_runs_without_a_loss_draw_no_empty_loss_figures() -> None:
+    # a program that reports only its own metric (e.g. an averaging error): no loss curve to draw, and no empty
+    # panel with a legend matplotlib would warn about
+    from squall.report.plots import plot_loss, plot_loss_vs_bytes
+
+    recs = tuple(StepRecord(worker=w, step=k, t=0.1 * k, bytes_sent=1000 * k) for w in range(2) for k in range(3))
+    trace = RunTrace("peer", "lan", 2, 0, "nfqueue", recs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_loss([trace]) is None and plot_loss_vs_bytes([trace]) is None
+        assert plot_loss([trace, synthetic_trace("ring", "lan", 0)]) is not None
