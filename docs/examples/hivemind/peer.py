@@ -6,12 +6,20 @@ torch.distributed's TCPStore on rank 0: rank 0 starts the DHT and publishes its 
 the others read them and join. Every peer starts with the tensor ``[rank] * size`` and averages it;
 after each round it prints ``round R error E`` (E: how far its tensor is from the exact mean).
 
+hivemind's all-reduce tolerates a peer that fails part-way: the others keep their own values for the
+parts it did not deliver, and the round still returns. After such a round the peers hold different
+tensors. So a round here counts only when every peer ends it holding the same tensor (they compare
+its sum and norm through the store); otherwise every peer restores its tensor and the round is
+repeated, at most ``--attempts`` times.
+
     squall run --workers 4 --profile wan-50ms-100mbit --requirements requirements.txt \
         --metric 'error=error (\S+)' --target 'error<=1e-6' -- python peer.py
 """
 
 import argparse
+import datetime
 import os
+import sys
 import time
 
 import hivemind
@@ -19,19 +27,43 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from torch.distributed import TCPStore
 
+FAILED = "failed"
+
+
+def agree(store: TCPStore, key: str, rank: int, world: int, mine: str) -> list[str]:
+    """Publish this peer's ``mine`` under ``key`` and return every peer's, once all have published."""
+    store.set(f"{key}/{rank}", mine)
+    keys = [f"{key}/{r}" for r in range(world)]
+    store.wait(keys)
+    return [store.get(k).decode() for k in keys]
+
+
+def same_tensor(digests: list[str]) -> bool:
+    """Whether every peer's (sum, norm) matches the others' up to float32 rounding."""
+    if FAILED in digests:
+        return False
+    for column in zip(*(tuple(map(float, d.split())) for d in digests), strict=True):
+        if max(column) - min(column) > 1e-5 * max(1.0, *map(abs, column)):
+            return False
+    return True
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--attempts", type=int, default=5, help="tries of one round before giving up")
     parser.add_argument("--size", type=int, default=1024, help="elements of the averaged tensor")
     parser.add_argument("--port", type=int, default=0, help="the DHT's TCP port (0: MASTER_PORT + 1)")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     master, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     port = args.port or master_port + 1
+    # libp2p dials from its listening port by default, so two peers that dial each other at once send SYNs
+    # between the same two addresses; when they cross in flight (likely at 50 ms one way) TCP joins them into
+    # one connection that both ends think they opened, and its security handshake fails. Dial from fresh ports.
+    os.environ.setdefault("LIBP2P_TCP_REUSEPORT", "false")
     me = os.environ.get("SQUALL_PEERS", "").split(",")[rank] if os.environ.get("SQUALL_PEERS") else master
-    store = TCPStore(master, master_port, world, is_master=rank == 0, timeout=__import__("datetime").timedelta(
-        seconds=120))
+    store = TCPStore(master, master_port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=180))
     dht_args = {"host_maddrs": [f"/ip4/0.0.0.0/tcp/{port}"], "announce_maddrs": [f"/ip4/{me}/tcp/{port}"],
                 "start": True}
     if rank == 0:
@@ -40,23 +72,43 @@ def main() -> None:
     else:
         dht = hivemind.DHT(initial_peers=store.get("maddrs").decode().split(), **dht_args)
     tensor = torch.full((args.size,), float(rank))
+    # next_chunk_timeout: a peer that stops sending is dropped from the round after 10 s instead of being
+    # awaited for ever; the round then fails the agreement below and is repeated
     averager = DecentralizedAverager([tensor], dht, prefix="squall_example", target_group_size=world,
                                      min_group_size=world, min_matchmaking_time=3.0, request_timeout=2.0,
-                                     start=True)
+                                     next_chunk_timeout=10.0, allreduce_timeout=60.0, start=True)
     exact = (world - 1) / 2
-    store.add("ready", 1)
-    while int(store.add("ready", 0)) < world:  # every peer's averager is up before the first round
-        time.sleep(0.1)
+    agree(store, "ready", rank, world, "up")  # every peer's averager is up before the first round
     for r in range(1, args.rounds + 1):
         t0 = time.monotonic()
-        group = averager.step(timeout=60)
+        for attempt in range(1, args.attempts + 1):
+            with averager.get_tensors() as tensors:
+                before = tensors[0].clone()
+            try:  # no retries inside step: a retry could join the other peers' next round
+                group = averager.step(timeout=60, allow_retries=False)
+            except Exception as e:  # hivemind raises when matchmaking or the all-reduce fails
+                print(f"round {r} attempt {attempt}: {e!r}", file=sys.stderr, flush=True)
+                group = None
+            with averager.get_tensors() as tensors:
+                t = tensors[0].double()
+                mine = f"{float(t.sum()):.9e} {float(t.norm()):.9e}" if group is not None else FAILED
+            digests = agree(store, f"round{r}.{attempt}", rank, world, mine)
+            if same_tensor(digests):
+                break
+            with averager.get_tensors() as tensors:
+                tensors[0].copy_(before)
+            print(f"round {r} attempt {attempt}: the peers ended with different tensors ({digests}); "
+                  "every peer repeats the round", file=sys.stderr, flush=True)
+        else:
+            sys.exit(f"round {r}: none of {args.attempts} attempts left every peer with the same tensor")
         with averager.get_tensors() as tensors:
             error = float((tensors[0] - exact).abs().max())
-        print(f"round {r} group {len(group) if group else 0} error {error:.3g} took {time.monotonic() - t0:.2f}",
-              flush=True)
-    store.add("done", 1)
-    while int(store.add("done", 0)) < world:  # nobody leaves while another still averages with it
-        time.sleep(0.1)
+        print(f"round {r} attempts {attempt} group {len(group) if group else 0} error {error:.3g} "
+              f"took {time.monotonic() - t0:.2f}", flush=True)
+    agree(store, "done", rank, world, "done")  # nobody leaves while another still averages with it
+    store.add("left", 1)
+    while rank == 0 and int(store.add("left", 0)) < world:  # rank 0 serves the store: it leaves last
+        time.sleep(0.05)
     averager.shutdown()
     dht.shutdown()
 
