@@ -115,17 +115,16 @@ def _grid(panels: int) -> tuple[Any, list[Any]]:
 def plot_loss_vs_bytes(traces: Sequence[RunTrace]) -> str | None:
     """Training loss against MB sent per worker: one panel per profile, one line per protocol (lowest seed); None
     when no trace has a loss."""
-    profiles = sorted({t.profile for t in traces if _median_by_step(t)[0]})
-    if not profiles:
+    curves = [(t, xy) for t in traces if (xy := _median_by_step(t))[0]]
+    if not curves:
         return None
+    profiles = sorted({t.profile for t, _ in curves})
     fig, flat = _grid(len(profiles))
-    seed = min(t.seed for t in traces)
+    seed = min(t.seed for t, _ in curves)
     for ax, profile in zip(flat, profiles, strict=True):
-        for t in traces:
+        for t, (x, y) in curves:
             if t.profile == profile and t.seed == seed:
-                x, y = _median_by_step(t)
-                if x:
-                    ax.plot(x, y, label=f"{t.protocol} (w{t.workers})")
+                ax.plot(x, y, label=f"{t.protocol} (w{t.workers})")
         ax.set_title(profile)
         ax.set_xlabel("MB sent per worker (median)")
         ax.set_ylabel("training loss")
@@ -175,17 +174,16 @@ def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float
 def plot_loss(traces: Sequence[RunTrace], metric: str = "loss") -> str | None:
     """Loss vs wall time: one panel per profile, one line per protocol (the lowest seed of each); None when no
     trace has the metric (a program that reports another metric)."""
-    profiles = sorted({t.profile for t in traces if _median_curve(t, metric)[0]})
-    if not profiles:
+    curves = [(trace, tv) for trace in traces if (tv := _median_curve(trace, metric))[0]]
+    if not curves:
         return None
+    profiles = sorted({trace.profile for trace, _ in curves})
     fig, axes = _grid(len(profiles))
-    seed = min(t.seed for t in traces)
+    seed = min(trace.seed for trace, _ in curves)
     for ax, profile in zip(axes, profiles, strict=True):
-        for trace in traces:
+        for trace, (t, v) in curves:
             if trace.profile == profile and trace.seed == seed:
-                t, v = _median_curve(trace, metric)
-                if t:
-                    ax.plot(t, v, label=f"{trace.protocol} (w{trace.workers})")
+                ax.plot(t, v, label=f"{trace.protocol} (w{trace.workers})")
         ax.set_title(profile)
         ax.set_xlabel("wall time since training started (s)")
         ax.set_ylabel(metric)
