@@ -62,6 +62,11 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         print(f"step {step} loss {loss.item():.4f} time {time.monotonic() - t0:.3f}", flush=True)
+    # A clean end for gloo: every rank past its last collective (the barrier queues behind them), then
+    # DDP's reducer and the hook's state, which hold the group, released before the group is destroyed.
+    # Without this a rank could abort in C++ at exit ("terminate called without an active exception").
+    dist.barrier()
+    del ddp, optimizer
     dist.destroy_process_group()
 
 
