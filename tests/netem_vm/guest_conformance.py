@@ -274,14 +274,24 @@ def beside_control() -> Iterator[None]:
         stalls.use(old)
 
 
+def judged_delay(obs: UdpObservation, link: tuple[int, int], reference: Baseline) -> None:
+    """The delay check of ``link`` in ``obs`` against ``reference`` (a :func:`control`), under
+    :func:`beside_control`; its figures recorded (``guest_probes.jsonl``) whatever the verdict, then
+    judged as the suite judges."""
+    state = state_at(suite.MIXED, suite.N, 0.0)
+    seen = obs.links[link]
+    with beside_control():
+        row = check_delay(link, delay_model(state.links[link]), seen.one_way, reference.one_way_mean_us,
+                          samples=seen.one_way_samples, host_stalls=stalled_fraction(state, obs))
+    _record("delay", link=list(link), reference_us=round(reference.one_way_mean_us, 1), verdict=row.verdict,
+            why=row.why)
+    judged(row)
+
+
 @pytest.mark.parametrize("link", [(0, 1), (1, 0), (0, 2)], ids=["1ms", "20ms", "100ms"])
 def test_delay_mean(mixed: UdpObservation, link: tuple[int, int]) -> None:
     """The suite's test_delay_mean (the same links, check and tolerance), against :func:`control`."""
-    seen = mixed.links[link]
-    state = state_at(suite.MIXED, suite.N, 0.0)
-    with beside_control():
-        judged(check_delay(link, delay_model(state.links[link]), seen.one_way, control(mixed).one_way_mean_us,
-                           samples=seen.one_way_samples, host_stalls=stalled_fraction(state, mixed)))
+    judged_delay(mixed, link, control(mixed))
 
 
 def test_links_without_settings_stay_untouched(mixed: UdpObservation) -> None:
@@ -289,13 +299,9 @@ def test_links_without_settings_stay_untouched(mixed: UdpObservation) -> None:
     link without settings) and no loss. Its delay is judged against the other such link of the same
     probe (:func:`control`): under TCG the shaped state makes an untouched link late too. A shaper that
     gave one of them a neighbour's setting (the smallest here: 20 ms, 2 ms with a rate) fails it."""
-    state = state_at(suite.MIXED, suite.N, 0.0)
     for link in CONTROL_LINKS:
+        judged_delay(mixed, link, control(mixed, without=link))
         seen = mixed.links[link]
-        with beside_control():
-            judged(check_delay(link, delay_model(state.links[link]), seen.one_way,
-                               control(mixed, without=link).one_way_mean_us, samples=seen.one_way_samples,
-                               host_stalls=stalled_fraction(state, mixed)))
         assert check_loss(link, LossModel(0.0, 0.0, True), seen.packets, seen.lost).verdict == "passed"
 
 
@@ -307,11 +313,11 @@ def test_jitter_sd(jitter_probe: UdpObservation, baseline: Baseline, link: tuple
     state = state_at(suite.MIXED, suite.N, 0.0)
     spec = state.links[link]
     stalled = stalled_fraction(state, jitter_probe)
-    judged(check_jitter(link, delay_model(spec), seen.one_way, baseline.one_way_sd_us,
-                        samples=seen.one_way_samples, host_stalls=stalled))
-    with beside_control():
-        judged(check_delay(link, delay_model(spec), seen.one_way, control(jitter_probe).one_way_mean_us,
-                           samples=seen.one_way_samples, host_stalls=stalled))
+    row = check_jitter(link, delay_model(spec), seen.one_way, baseline.one_way_sd_us,
+                       samples=seen.one_way_samples, host_stalls=stalled)
+    _record("jitter_sd", link=list(link), verdict=row.verdict, why=row.why)
+    judged(row)
+    judged_delay(jitter_probe, link, control(jitter_probe))
 
 
 def _record(probe: str, **figures: Any) -> None:
