@@ -42,9 +42,10 @@ called :func:`use`); every judge reads it when it judges.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from squall.calibration.stats import Moments
@@ -140,6 +141,16 @@ def use(new: StallPolicy) -> StallPolicy:
     global _in_force
     old, _in_force = _in_force, new
     return old
+
+
+@contextlib.contextmanager
+def using(new: StallPolicy) -> Iterator[StallPolicy]:
+    """Put ``new`` in force for the block, and the policy it replaced back after it, however it ends."""
+    old = use(new)
+    try:
+        yield new
+    finally:
+        use(old)
 
 
 def without_stalls(samples: Sequence[float], half_width: float) -> tuple[Moments, int]:

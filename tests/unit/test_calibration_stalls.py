@@ -18,9 +18,18 @@ from squall.calibration.verdicts import check_delay, check_jitter, check_rate
 @pytest.fixture
 def restored() -> Iterator[None]:
     """Name: restored. Scope: function. Puts back the policy in force after the test."""
-    before = stalls.policy()
-    yield
-    stalls.use(before)
+    with stalls.using(stalls.policy()):
+        yield
+
+
+def test_using_puts_the_replaced_policy_back_however_the_block_ends() -> None:
+    noisy = stalls.HOST.on_path(500.0, [[0.0] * 100])
+    with stalls.using(noisy) as policy:
+        assert stalls.policy() is policy is noisy
+    assert stalls.policy() is stalls.HOST
+    with pytest.raises(RuntimeError), stalls.using(noisy):
+        raise RuntimeError("a failed check inside the block")
+    assert stalls.policy() is stalls.HOST
 
 
 def test_the_quiet_hosts_policy() -> None:
