@@ -245,8 +245,8 @@ def _check_stats(world: World) -> None:
     assert b["seen"] >= 200 and b["held"] == 0 and b["accepted"] + b["dropped"] + b["reordered"] == b["seen"]
     assert b["lateness"]["count"] == 200
     # The daemon's own share of a packet's wait: the median lateness, which a host stall (a few
-    # milliseconds on a few packets) cannot move. The tail is the host's: a quiet never-Docker CI run
-    # read the p99 at 1.8-2.7 ms in three attempts while a real-time canary beside it woke 0.4-1.2 ms late.
+    # milliseconds on a few packets) cannot move. The tail is the host's, so it is logged beside a
+    # real-time canary's, not judged (docs/testing.md, the census).
     lateness = b["lateness"]
     logger.info("daemon lateness p50 %.0f us, p99 %.0f us; host canary p99 %.0f us",
                 lateness["p50_us"], lateness["p99_us"], canary.p99_us())
