@@ -23,13 +23,15 @@ def restored() -> Iterator[None]:
 
 
 def test_using_puts_the_replaced_policy_back_however_the_block_ends() -> None:
+    before = stalls.policy()
     noisy = stalls.HOST.on_path(500.0, [[0.0] * 100])
+    assert noisy is not before
     with stalls.using(noisy) as policy:
         assert stalls.policy() is policy is noisy
-    assert stalls.policy() is stalls.HOST
+    assert stalls.policy() is before
     with pytest.raises(RuntimeError), stalls.using(noisy):
         raise RuntimeError("a failed check inside the block")
-    assert stalls.policy() is stalls.HOST
+    assert stalls.policy() is before
 
 
 def test_the_quiet_hosts_policy() -> None:
