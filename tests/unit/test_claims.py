@@ -64,10 +64,10 @@ def fake_runner(times: dict[tuple[str, str], float], calls: list[str]) -> Any:
 def test_speedup_claim_runs_interleaved_and_compares_medians() -> None:
     claim = next(c for c in load_claims() if c.id == "sesgd-butterfly-vs-ring")
     calls: list[str] = []
-    result = evaluate(claim, fake_runner({("butterfly", "wan-5ms"): 2.0, ("ring", "wan-5ms"): 5.0}, calls))
+    result = evaluate(claim, fake_runner({("butterfly", "wan-20ms"): 2.0, ("ring", "wan-20ms"): 6.0}, calls))
     assert calls == ["butterfly", "ring"] * len(claim.seeds)
-    assert result.verdict.passed is True and result.verdict.measured == pytest.approx(2.5, rel=1e-3)
-    slow = evaluate(claim, fake_runner({("butterfly", "wan-5ms"): 2.0, ("ring", "wan-5ms"): 3.0}, []))
+    assert result.verdict.passed is True and result.verdict.measured == pytest.approx(3.0, rel=1e-3)
+    slow = evaluate(claim, fake_runner({("butterfly", "wan-20ms"): 2.0, ("ring", "wan-20ms"): 4.8}, []))
     assert slow.verdict.passed is False
 
 

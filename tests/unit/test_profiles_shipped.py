@@ -23,6 +23,7 @@ from tests.unit.traced_profiles import traced_paths
 SHIPPED = [
     "lan",
     "wan-5ms",
+    "wan-20ms",
     "wan-50ms-100mbit",
     "geo-2-regions",
     "lossy-1pct",
@@ -90,6 +91,7 @@ def test_shipped_profile_validates(shipped: dict[str, Profile], name: str, n: in
     [
         ("lan", 100, 1_000_000_000, 0.0),
         ("wan-5ms", 5_000, 1_000_000_000, 0.0),
+        ("wan-20ms", 20_000, 1_000_000_000, 0.0),
         ("wan-50ms-100mbit", 50_000, 100_000_000, 0.0),
         ("lossy-1pct", 5_000, 1_000_000_000, 0.01),
         ("lossy-5pct", 5_000, 1_000_000_000, 0.05),
