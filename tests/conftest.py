@@ -72,6 +72,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ids = [item.nodeid for item in items]
     if not any(i.startswith("tests/integration/test_netem_vm.py::") for i in ids):
         return  # (the netem probe, a scratch namespace, only where the question arises)
+    # The VM's module runs last: in three of four quiet runs watched, the host stalled (a real-time
+    # canary late by 1-3 ms) in the module that ran right after QEMU exited, for a cause not yet
+    # found; last, its aftermath lands on no timing gate.
+    vm = [item for item in items if item.nodeid.startswith("tests/integration/test_netem_vm.py::")]
+    items[:] = [item for item in items if item not in vm] + vm
     chosen = set(stand_ins(ids, netem_here=netem_probe().available))
     if chosen:
         config.hook.pytest_deselected(items=[item for item in items if item.nodeid in chosen])
