@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def test_claim(claim: Any, squall_run: Any, squall_check: Any, record_property: Any) -> None:
     result = evaluate(claim, lambda spec, workers: squall_run(spec, workers=workers))
     record_property("squall_claim_paper_figure", claim.paper_figure)
-    # The figure measured, also on a pass: the census of docs/testing.md reads it from the JUnit XML.
+    # The figure measured, also on a pass: a run with --junitxml keeps it (the census's figures).
     record_property("squall_claim_measured", result.verdict.measured)
     record_property("squall_claim_why", result.verdict.why)
     squall_check(result.verdict)
