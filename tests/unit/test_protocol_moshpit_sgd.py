@@ -98,14 +98,20 @@ def test_a_killed_peer_is_dropped_and_its_restarted_process_rejoins_and_converge
     loop = LoopConfig(lr=LrSchedule(0.5), seconds=3.0, eval_every=4)
     peers = Peers(4, loop, OPTIONS)
 
+    views_while_down: list[set[int]] = []
+
     async def main() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         victim = asyncio.ensure_future(peers.run(peers.trainer(3)))
-        others = [asyncio.ensure_future(peers.run(peers.trainer(r))) for r in range(3)]
+        trainers = [peers.trainer(r) for r in range(3)]
+        others = [asyncio.ensure_future(peers.run(t)) for t in trainers]
         await asyncio.sleep(0.6)
         peers.hub.kill(3)  # SIGKILL: no goodbye, traffic to it vanishes
         victim.cancel()
         await asyncio.gather(victim, return_exceptions=True)
-        await asyncio.sleep(0.8)
+        await asyncio.sleep(0.8)  # twice the peer timeout
+        # each survivor's view just before the restart: a silent peer is dropped once the timeout has
+        # passed, however the survivors' steps and rounds were spread over the wait
+        views_while_down.extend(set(t.averager.membership.alive(t.clock())) for t in trainers)
         peers.hub.revive(3)
         restarted = await peers.run(peers.trainer(3))
         return list(await asyncio.gather(*others)), restarted
@@ -119,8 +125,10 @@ def test_a_killed_peer_is_dropped_and_its_restarted_process_rejoins_and_converge
     assert restarted["final_eval"]["accuracy"] >= ACCURACY
     first = next(rec for rec in peers.records[3][::-1] if rec.get("step") is not None and rec["step"] > 0)
     assert first["step"] > 40  # it continued from the downloaded step, not from 0
-    gone = [rec["alive"] for rec in peers.records[0] if 1.0 < rec.get("elapsed_s", 0) < 1.3]
-    assert gone and min(gone) == 3  # rank 3 left rank 0's view while it was down
+    # rank 3 left every survivor's view while it was down, and rank 0 still saw the other two. Read
+    # from the views themselves: rank 0's step records in a fixed 0.3 s window were empty once on a
+    # loaded host, its steps waiting out a round with the dead peer.
+    assert all(3 not in view for view in views_while_down) and views_while_down[0] == {1, 2}, views_while_down
 
 
 def test_without_emulated_compute_time_the_steps_still_leave_room_for_averaging() -> None:
