@@ -36,7 +36,7 @@ test: image
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
 	@$(VENV)/bin/pytest tests/unit -n $(UNIT_WORKERS) --durations=15 $(PYTEST_ARGS)
-	@$(VENV)/bin/pytest tests/integration tests/matrix --durations=25 $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest tests/integration tests/matrix --durations=25 --module-times=results/test-times.json $(PYTEST_ARGS)
 
 unit: venv
 	@$(VENV)/bin/pytest tests/unit -n $(UNIT_WORKERS) $(PYTEST_ARGS)

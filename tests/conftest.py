@@ -16,6 +16,9 @@ import pytest
 
 from squall.cluster.engine import in_ci
 
+#: Each module's wall time and the host's busy CPU time over it, as a table after a session (not under xdist).
+pytest_plugins = ["tests.module_times"]
+
 
 def _missing(what: str) -> None:
     if in_ci():
