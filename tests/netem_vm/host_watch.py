@@ -7,6 +7,11 @@ per thread, the time spent waiting on a run queue (``/proc/<pid>/task/<tid>/sche
 :class:`QemuWatch` samples it for QEMU's threads while the VM runs; :func:`starvation` says, for a
 window of host wall-clock time, which share of it the most-delayed virtual CPU thread spent waiting.
 
+This machine may itself be a virtual machine: its hypervisor can take a CPU away while a vCPU thread
+runs on it, and the thread's run-queue wait does not count that time (the thread was "running"). The
+kernel counts it as the CPUs' steal time (``/proc/stat``); each sample reads it too, and a window's
+share of stolen CPU time is added to the wait.
+
 ``tests/integration/test_netem_vm.py`` accepts a guest test's "too busy" skip only when this share
 was high in that test's window (the host really starved the VM); otherwise the skip is a failure: the
 guest claimed the host was busy while the host was giving it its CPUs. Pure parts (parsing, the window
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,10 +41,27 @@ MAIN = "main"
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading: host wall-clock time, and per QEMU thread name (cpu ns, run-queue wait ns)."""
+    """One reading: host wall-clock time, per QEMU thread name (cpu ns, run-queue wait ns), and the
+    machine's steal time so far (every CPU's, summed, in seconds; 0 where the kernel counts none)."""
 
     wall: float
     threads: dict[str, tuple[int, int]]
+    steal_s: float = 0.0
+
+
+def parse_steal(stat: str, ticks_per_s: float) -> float:
+    """The steal time (seconds, every CPU's summed) in the ``cpu`` line of ``/proc/stat``; 0 if the line
+    has no steal field; ValueError if there is no ``cpu`` line."""
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            return int(fields[8]) / ticks_per_s if len(fields) > 8 else 0.0
+    raise ValueError("no 'cpu' line in /proc/stat")
+
+
+def read_steal(proc: Path = Path("/proc")) -> float:
+    """This machine's steal time so far, in seconds (:func:`parse_steal` on ``/proc/stat``)."""
+    return parse_steal((proc / "stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 def parse_schedstat(text: str) -> tuple[int, int]:
@@ -62,13 +85,15 @@ def read_threads(pid: int, proc: Path = Path("/proc")) -> dict[str, tuple[int, i
     return out
 
 
-def starvation(samples: Sequence[Sample], start: float, end: float) -> tuple[float, float]:
+def starvation(samples: Sequence[Sample], start: float, end: float, *,
+               cpus: int = 1) -> tuple[float, float, float]:
     """For the host wall-clock window [start, end]: (the largest share of the window any vCPU thread or
-    the main thread spent runnable but waiting for a CPU, the share of it that thread ran), from the first sample at or
-    before ``start`` (or the first after it) to the last at or after ``end`` (or the last before it).
-    (0, 0) when the window holds fewer than two samples or no vCPU thread."""
+    the main thread spent runnable but waiting for a CPU, the share of it that thread ran, the share of
+    the ``cpus`` CPUs' time the hypervisor stole), from the first sample at or before ``start`` (or the
+    first after it) to the last at or after ``end`` (or the last before it). (0, 0, 0) when the window
+    holds fewer than two samples; the first two are 0 without a vCPU thread."""
     if len(samples) < 2 or end <= start:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     first = max((s for s in samples if s.wall <= start), key=lambda s: s.wall, default=None)
     if first is None:
         first = min(samples, key=lambda s: s.wall)
@@ -77,7 +102,8 @@ def starvation(samples: Sequence[Sample], start: float, end: float) -> tuple[flo
         last = max(samples, key=lambda s: s.wall)
     span = last.wall - first.wall
     if span <= 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
+    stolen = max(0.0, last.steal_s - first.steal_s) / span / max(1, cpus)
     worst = (0.0, 0.0)
     for name, (cpu1, wait1) in last.threads.items():
         if not (name.startswith(VCPU_PREFIX) or name == MAIN) or name not in first.threads:
@@ -85,11 +111,11 @@ def starvation(samples: Sequence[Sample], start: float, end: float) -> tuple[flo
         cpu0, wait0 = first.threads[name]
         share = ((wait1 - wait0) / 1e9 / span, (cpu1 - cpu0) / 1e9 / span)
         worst = max(worst, share)
-    return worst
+    return worst[0], worst[1], stolen
 
 
 def starved_by_row(rows: Sequence[Mapping[str, Any]], samples: Sequence[Sample], offset_s: float, *,
-                   min_window_s: float) -> dict[str, tuple[float, float]]:
+                   min_window_s: float, cpus: int = 1) -> dict[str, tuple[float, float, float]]:
     """:func:`starvation` for each guest test row (``tests/netem_vm/guest_plugin.py``'s lines: test, when,
     outcome, duration_s, wall, text), its guest wall times moved by ``offset_s`` onto the host's clock.
 
@@ -98,13 +124,13 @@ def starved_by_row(rows: Sequence[Mapping[str, Any]], samples: Sequence[Sample],
     shared probe take well under a second each, right after it). A test skipped by a shared fixture's
     skip that an earlier test met first took no time of its own: it gets that test's figures.
     """
-    out: dict[str, tuple[float, float]] = {}
-    fixture_skips: dict[str, tuple[float, float]] = {}
+    out: dict[str, tuple[float, float, float]] = {}
+    fixture_skips: dict[str, tuple[float, float, float]] = {}
     previous = None
     for row in sorted((r for r in rows if "wall" in r), key=lambda r: float(r["wall"])):
         end = float(row["wall"]) + offset_s
         start = previous if previous is not None else end - float(row["duration_s"])
-        share = starvation(samples, min(start, end - min_window_s), end)
+        share = starvation(samples, min(start, end - min_window_s), end, cpus=cpus)
         if row["when"] == "setup" and row["outcome"] == "skipped":
             share = fixture_skips.setdefault(str(row["text"]), share)
         out[str(row["test"])] = share
@@ -151,13 +177,13 @@ class QemuWatch:
             except OSError:  # QEMU exited
                 self.qemu_pid = None
                 continue
-            self.samples.append(Sample(time.time(), threads))
+            self.samples.append(Sample(time.time(), threads, read_steal()))
 
     def save(self, path: Path) -> None:
-        """The samples as JSON lines: {"wall": ..., "threads": {name: [cpu ns, wait ns]}}."""
+        """The samples as JSON lines: {"wall": ..., "threads": {name: [cpu ns, wait ns]}, "steal_s": ...}."""
         with path.open("w") as f:
             for s in self.samples:
-                f.write(json.dumps({"wall": round(s.wall, 3), "threads": s.threads}) + "\n")
+                f.write(json.dumps({"wall": round(s.wall, 3), "threads": s.threads, "steal_s": s.steal_s}) + "\n")
 
 
 def find_descendant(root: int, comm_prefix: str, proc: Path = Path("/proc")) -> int | None:
