@@ -4,9 +4,10 @@ A pytest plugin, loaded by ``tests/conftest.py`` in every session but xdist's (t
 module's time runs from the start of its first test to the end of its last, so its module-scoped
 fixtures (a cluster's start-up and teardown) count; the host's busy CPU time over the same window
 comes from ``/proc/stat`` (every process of the host: the containers' workers, the engine, the
-shaping daemon, QEMU). Busy core-seconds over the host's cores is the shortest wall time that work
-could take on this machine if nothing ever waited, so the table says which modules are bound by the
-CPU and which by waiting (emulated delays, time-outs, start-ups).
+shaping daemon, QEMU; not the time the machine's hypervisor stole). Busy core-seconds over the
+host's cores is the shortest wall time that work could take on this machine if nothing ever waited,
+so the table says which modules are bound by the CPU and which by waiting (emulated delays,
+time-outs, start-ups).
 
 The table is printed after a session of two modules or more; ``--module-times=PATH`` also writes
 the rows as JSON (``make test`` writes ``results/test-times.json``).
@@ -17,21 +18,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.timing import read_cpu_times
+
 SHOWN = 15  # rows printed in the terminal summary (the JSON has every module)
-
-
-def cpu_busy_s() -> float:
-    """Host-wide CPU time spent not idle (all cores, seconds), from the first line of ``/proc/stat``."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -63,13 +57,14 @@ class ModuleClock:
             self._open = (module, self._open[1] + 1, self._open[2], self._open[3])
             return
         self.close()
-        self._open = (module, 1, time.monotonic(), cpu_busy_s())
+        self._open = (module, 1, time.monotonic(), read_cpu_times().busy_s)
 
     def close(self) -> None:
         if self._open is None:
             return
         module, tests, wall0, busy0 = self._open
-        self.rows.append(ModuleTime(module, tests, time.monotonic() - wall0, cpu_busy_s() - busy0, self.cores))
+        self.rows.append(ModuleTime(module, tests, time.monotonic() - wall0,
+                                    read_cpu_times().busy_s - busy0, self.cores))
         self._open = None
 
 
@@ -88,10 +83,8 @@ class _Plugin:
         self.config = config
         self.clock = ModuleClock()
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        self.clock.start(item.nodeid.split("::")[0])
-        yield
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.clock.start(nodeid.split("::", maxsplit=1)[0])
 
     def pytest_sessionfinish(self) -> None:
         self.clock.close()
@@ -105,12 +98,11 @@ class _Plugin:
         rows = sorted(self.clock.rows, key=lambda r: r.wall_s, reverse=True)
         if len({r.module for r in rows}) < 2:
             return
-        wall, busy = sum(r.wall_s for r in rows), sum(r.busy_core_s for r in rows)
+        total = ModuleTime(f"all {len(rows)} modules", sum(r.tests for r in rows), sum(r.wall_s for r in rows),
+                           sum(r.busy_core_s for r in rows), self.clock.cores)
         tr = terminalreporter
         tr.section("where the time went (per module)")
         tr.write_line(f"{'wall s':>8} {'CPU-bound floor s':>17} {'busy':>5}  module (tests)")
-        for r in rows[:SHOWN]:
+        for r in [*rows[:SHOWN], total]:
             tr.write_line(f"{r.wall_s:8.1f} {r.busy_core_s / r.cores:17.1f} {100 * r.busy_share:4.0f}%  "
                           f"{r.module} ({r.tests})")
-        tr.write_line(f"{wall:8.1f} {busy / self.clock.cores:17.1f} {100 * busy / (wall * self.clock.cores):4.0f}%  "
-                      f"all {len(rows)} modules ({sum(r.tests for r in rows)} tests)")

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,31 @@ def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expect
     if stalled > limit * len(samples):
         raise HostTooBusy(told)
     assert abs(kept.mean - expected_us) <= tol_us, told
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """This machine's CPU time so far, every CPU's summed, in seconds (the ``cpu`` line of ``/proc/stat``)."""
+
+    busy_s: float  # user, nice, system, irq, softirq (guest time is counted inside user and nice)
+    steal_s: float  # taken by this machine's own hypervisor: neither busy nor idle here
+
+
+def parse_cpu_times(stat: str, ticks_per_s: float) -> CpuTimes:
+    """:class:`CpuTimes` from the text of ``/proc/stat`` (steal 0 on a kernel without the field);
+    ValueError if it has no ``cpu`` line."""
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            ticks = [int(v) for v in fields[1:9]] + [0] * (9 - len(fields))
+            user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+            return CpuTimes((user + nice + system + irq + softirq) / ticks_per_s, steal / ticks_per_s)
+    raise ValueError("no 'cpu' line in /proc/stat")
+
+
+def read_cpu_times(proc: Path = Path("/proc")) -> CpuTimes:
+    """:func:`parse_cpu_times` of this machine's ``/proc/stat``."""
+    return parse_cpu_times((proc / "stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 class CpuBurners:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.timing import read_cpu_times
 
 logger = logging.getLogger(__name__)
 
@@ -47,21 +48,6 @@ class Sample:
     wall: float
     threads: dict[str, tuple[int, int]]
     steal_s: float = 0.0
-
-
-def parse_steal(stat: str, ticks_per_s: float) -> float:
-    """The steal time (seconds, every CPU's summed) in the ``cpu`` line of ``/proc/stat``; 0 if the line
-    has no steal field; ValueError if there is no ``cpu`` line."""
-    for line in stat.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            return int(fields[8]) / ticks_per_s if len(fields) > 8 else 0.0
-    raise ValueError("no 'cpu' line in /proc/stat")
-
-
-def read_steal(proc: Path = Path("/proc")) -> float:
-    """This machine's steal time so far, in seconds (:func:`parse_steal` on ``/proc/stat``)."""
-    return parse_steal((proc / "stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 def parse_schedstat(text: str) -> tuple[int, int]:
@@ -177,7 +163,7 @@ class QemuWatch:
             except OSError:  # QEMU exited
                 self.qemu_pid = None
                 continue
-            self.samples.append(Sample(time.time(), threads, read_steal()))
+            self.samples.append(Sample(time.time(), threads, read_cpu_times().steal_s))
 
     def save(self, path: Path) -> None:
         """The samples as JSON lines: {"wall": ..., "threads": {name: [cpu ns, wait ns]}, "steal_s": ...}."""

@@ -15,8 +15,6 @@ from tests.netem_vm.host_watch import (
     Sample,
     find_descendant,
     parse_schedstat,
-    parse_steal,
-    read_steal,
     read_threads,
     starvation,
     starved_by_row,
@@ -88,15 +86,6 @@ def test_the_hypervisors_steal_is_the_share_of_every_cpus_time_it_took() -> None
     assert starvation([sample(0.0, 1.0), sample(10.0, 2.0)], 0.0, 10.0) == pytest.approx((0.0, 0.0, 0.1))
     rows = [{"test": "t", "when": "call", "outcome": "skipped", "duration_s": 10.0, "wall": 10.0, "text": "x"}]
     assert starved_by_row(rows, samples, 0.0, min_window_s=5.0, cpus=2)["t"] == pytest.approx((0.02, 0.9, 0.15))
-
-
-def test_parse_steal_reads_the_cpu_lines_eighth_counter() -> None:
-    stat = "cpu  10 0 20 300 4 0 1 25 0 0\ncpu0 5 0 10 150 2 0 1 12 0 0\nintr 1\n"
-    assert parse_steal(stat, 100.0) == 0.25
-    assert parse_steal("cpu  10 0 20 300 4 0 1\n", 100.0) == 0.0  # a kernel without the field
-    with pytest.raises(ValueError, match="no 'cpu' line"):
-        parse_steal("intr 1\n", 100.0)
-    assert read_steal() >= 0.0
 
 
 def test_reads_real_threads_and_finds_a_descendant() -> None:
