@@ -246,7 +246,7 @@ def print_averaging(report: dict[str, Any]) -> None:
 # -- the claim ------------------------------------------------------------------------------------------
 def claim(args: argparse.Namespace) -> dict[str, Any]:
     """Time to target of moshpit, dpsgd and sgp under heterogeneous, interleaved over seeds."""
-    from squall.checks import Target, run_time_to_target
+    from squall.checks import Target, time_to_target
     from squall.experiment.lab import Lab, RunSpec
 
     protocols = (NAME, DPSGD, SGP)
@@ -262,11 +262,11 @@ def claim(args: argparse.Namespace) -> dict[str, Any]:
                         seed=seed,
                         seconds=40,
                         lr=0.5,
-                        target={"accuracy": 0.9},
+                        target=Target("accuracy", 0.9),
                         config={"eval_every": 5},
                     )
                 )
-                times[protocol].append(run_time_to_target(trace, target))
+                times[protocol].append(time_to_target(trace, target))
                 logger.info("%s seed %d: time to target %s", protocol, seed, times[protocol][-1])
     medians = {p: statistics.median([t if t is not None else float("inf") for t in v]) for p, v in times.items()}
     best = min(medians[DPSGD], medians[SGP])

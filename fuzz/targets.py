@@ -20,7 +20,7 @@ import torch
 
 from squall.profiles import ProfileError, parse_profile
 from squall.profiles.availability import parse_availability
-from squall.profiles.traces import parse_trace
+from squall.profiles.link_traces import parse_trace
 from squall.protocols.al_dsgd.exchange import HEADER_LEN, parse_header
 from squall.protocols.demo.dct import plan as demo_plan
 from squall.protocols.demo.wire import SCHEMA as DEMO_SCHEMA
@@ -180,7 +180,7 @@ def profile(data: bytes) -> None:
 
 
 def trace(data: bytes) -> None:
-    """A trace file's bytes -> a Trace (``squall/profiles/traces.py``) or availability events
+    """A trace file's bytes -> a Trace (``squall/profiles/link_traces.py``) or availability events
     (``availability.py``). The first byte picks the decoder and the format (bit 0: CSV or JSON,
     bit 1: link or availability trace, bit 2: a loop period)."""
     if not data:

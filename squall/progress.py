@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from squall.trace import json_records
+from squall.run_trace import json_records
 
 logger = logging.getLogger(__name__)
 

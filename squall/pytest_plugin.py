@@ -34,14 +34,13 @@ Its keys: ``command`` (a list of words), ``metrics``, ``target`` (a string such 
 
 Fixtures: ``squall_cell`` (the :class:`~squall.experiment.matrix.Cell` of this test), ``squall_lab`` (a
 started :class:`~squall.experiment.lab.Lab` for the cell's size, shared by the whole session),
-``squall_trace`` (the cell run to a :class:`~squall.trace.RunTrace`), ``squall_run`` (run any
+``squall_trace`` (the cell run to a :class:`~squall.run_trace.RunTrace`), ``squall_run`` (run any
 :class:`~squall.experiment.lab.RunSpec` on the session's labs) and ``squall_check`` (assert a verdict:
 failed and unknown both fail the test; figures go to the JUnit XML and the report).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import logging
@@ -269,13 +268,13 @@ def _marker_value_problem(key: str, value: Any) -> str:
         return "allowed: an integer > 0"
     if key == "task" and not (isinstance(value, str) and value):
         return "allowed: a task name such as 'logreg_digits'"
-    if key == "target" and isinstance(value, str):
-        return ""  # a program's target ('loss<=1.0'), checked with the program
-    if key == "target" and not (
-        isinstance(value, dict) and len(value) == 1
-        and all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) for k, v in value.items())
-    ):
-        return "allowed: one metric and its value, e.g. {'accuracy': 0.9}"
+    if key == "target":
+        from squall.target import Target, TargetError
+
+        try:
+            Target.of(value)
+        except TargetError as exc:
+            return str(exc)
     if key == "config" and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
         return "allowed: a dict of the protocol's settings keyed by name"
     return ""
@@ -286,14 +285,12 @@ class SquallSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.labs: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._session: Any = None  # squall.experiment.session.Session, made on first use
         self.cells: list[Any] = []  # squall.report.page.CellResult
         self.matrix_run: dict[str, Any] = {}  # RunSpec fields of --squall-matrix's run: section
         self.checked: dict[str, str] = {}  # third-party entry point -> why it cannot run ('' when it can)
         self.profiles: list[tuple[str, int]] = []  # (profile name or path, cluster size) of every cell run
         self.matrix_calibrate = True  # the matrix file's calibrate: key
-        self.images: dict[tuple[str, ...], str | None] = {}  # a program's requirements -> its image
-        self._fidelity: Any = None  # squall.experiment.fidelity.SessionCalibration, made on first use
         from squall.report import provenance
 
         self.provenance = provenance.collect()  # for the report's reproduce block
@@ -372,81 +369,35 @@ class SquallSession:
         if self.checked[protocol]:
             raise pytest.UsageError(f"{where}: protocol {protocol!r}: {self.checked[protocol]}")
 
-    def lab(self, workers: int, code: tuple[str, ...], *, label: str = "") -> Any:
-        """The session's lab for this size and code, its live display labelled with the running test."""
-        from squall.experiment.lab import Lab
+    @property
+    def session(self) -> Any:
+        """The cells' :class:`squall.experiment.session.Session` (the one the CLI holds too), made on first use."""
+        if self._session is None:
+            from squall.experiment.fidelity import SessionCalibration
+            from squall.experiment.session import Session
+
+            wanted = self.option("calibrate")
+            enabled = wanted == "on" if wanted is not None else self.matrix_calibrate
+            self._session = Session(backend=self.option("backend"), observers=self._display,
+                                    fidelity=SessionCalibration(enabled=enabled, progress=logger.info))
+        return self._session
+
+    def _display(self, label: str) -> Any:
+        """A lab's live display, written to the terminal pytest started on (the capture lifted around each write)."""
         from squall.progress import cell_progress
 
-        key = (workers, code)
-        if key not in self.labs:
-            capture = self.config.pluginmanager.getplugin("capturemanager")
-            guard = capture.global_and_fixture_disabled if capture is not None else None
-            self.labs[key] = Lab(workers=workers, backend=self.option("backend"), code=code,
-                                 progress=cell_progress(label, guard=guard)).__enter__()
-        lab = self.labs[key]
-        if hasattr(lab.progress, "label"):
-            lab.progress.label = label
-        return lab
-
-    def program_lab(self, workers: int, program: Any, *, label: str = "") -> Any:
-        """The session's lab for a program: its folder mounted, its requirements' image (built when missing)."""
-        from squall.experiment.lab import Lab
-        from squall.experiment.program import program_image
-        from squall.progress import cell_progress
-
-        if program.requirements not in self.images:
-            self.images[program.requirements] = program_image(program)
-        image = self.images[program.requirements]
-        key = (workers, ("program", program.workdir, image or ""))
-        if key not in self.labs:
-            capture = self.config.pluginmanager.getplugin("capturemanager")
-            guard = capture.global_and_fixture_disabled if capture is not None else None
-            self.labs[key] = Lab(workers=workers, backend=self.option("backend"), image=image,
-                                 workdir=program.workdir, preload=(),
-                                 progress=cell_progress(label, guard=guard)).__enter__()
-        lab = self.labs[key]
-        if hasattr(lab.progress, "label"):
-            lab.progress.label = label
-        return lab
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        guard = capture.global_and_fixture_disabled if capture is not None else None
+        return cell_progress(label, guard=guard)
 
     @property
     def fidelity(self) -> Any:
         """The session's calibrations (:class:`squall.experiment.fidelity.SessionCalibration`)."""
-        if self._fidelity is None:
-            from squall.experiment.fidelity import SessionCalibration
-
-            wanted = self.option("calibrate")
-            enabled = wanted == "on" if wanted is not None else self.matrix_calibrate
-            self._fidelity = SessionCalibration(enabled=enabled, progress=logger.info)
-        return self._fidelity
-
-    def run(self, spec: Any, workers: int, *, label: str = "") -> Any:
-        """Calibrate ``spec.profile`` if this session has not yet, then run ``spec`` on the lab of that size."""
-        from squall.experiment.lab import code_dir_of
-
-        code = code_dir_of(spec.protocol)
-        lab = self.lab(workers, (code,) if code else (), label=label)
-        if self.fidelity.enabled and spec.profile not in self.fidelity.verdicts:
-            lab.progress.stage("calibrating", str(spec.profile))
-            self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
-        return lab.run(spec)
+        return self.session.fidelity
 
     def close(self) -> None:
-        labs = list(self.labs.values())
-        self.labs.clear()
-        errors: list[BaseException] = []
-        try:
-            for lab in labs:  # each lab is closed even when another one's teardown failed
-                try:
-                    lab.close()
-                except Exception as exc:
-                    errors.append(exc)
-            if errors:
-                raise errors[0]
-        finally:
-            for lab in labs:
-                with contextlib.suppress(Exception):
-                    lab.progress.close()
+        if self._session is not None:
+            self._session.close()
 
 
 def _require_docker() -> None:
@@ -472,11 +423,8 @@ def squall_session(request: pytest.FixtureRequest) -> Iterator[SquallSession]:
 @pytest.fixture
 def squall_lab(request: pytest.FixtureRequest, squall_cell: Any, squall_session: SquallSession) -> Any:
     """Name: squall_lab. Scope: function (the lab itself lives for the session). Depends: Docker."""
-    from squall.experiment.lab import code_dir_of
-
     _require_docker()
-    code = code_dir_of(squall_cell.protocol)
-    return squall_session.lab(squall_cell.workers, (code,) if code else (), label=request.node.nodeid)
+    return squall_session.session.lab(squall_cell.workers, squall_cell.protocol, label=request.node.nodeid)
 
 
 def _spec_from(cell: Any, marker: pytest.Mark | None, session: SquallSession, **over: Any) -> Any:
@@ -497,7 +445,7 @@ def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: A
     """Name: squall_trace. Scope: function. Depends: squall_cell, squall_lab. The cell's RunTrace."""
     spec = squall_session.recorded(_spec_from(squall_cell, request.node.get_closest_marker(MARKER), squall_session),
                                    squall_cell.workers)
-    trace = squall_session.run(spec, squall_cell.workers, label=request.node.nodeid)
+    trace = squall_session.session.run(spec, squall_cell.workers, label=request.node.nodeid)
     request.node.stash[_TRACE] = trace
     request.node.user_properties.append(("squall_backend", trace.backend))
     calibrated = squall_session.fidelity.verdicts.get(spec.profile)
@@ -517,7 +465,6 @@ def squall_program(request: pytest.FixtureRequest, squall_cell: Any, squall_sess
     Runs the cell's program and returns a :class:`squall.programs.result.ProgramResult`: its figures,
     bytes per rank and per link, each rank's stdout and stderr (``tmp_path/ranks``), and its verdict.
     """
-    from squall.experiment.program import run_program
     from squall.programs.result import ProgramResult
     from squall.programs.verdict import judge
 
@@ -529,12 +476,9 @@ def squall_program(request: pytest.FixtureRequest, squall_cell: Any, squall_sess
     kwargs = dict(marker.kwargs) if marker else {}
     seconds = float(kwargs.get("seconds", squall_session.option("seconds") or squall_session.matrix_run.get("seconds")
                                 or 60.0))
-    lab = squall_session.program_lab(squall_cell.workers, program, label=request.node.nodeid)
-    if squall_session.fidelity.enabled and squall_cell.profile not in squall_session.fidelity.verdicts:
-        lab.progress.stage("calibrating", str(squall_cell.profile))
-        squall_session.fidelity.ensure(squall_cell.profile, lab.cluster, squall_cell.workers, shaper=lab.shaper)
-    done = run_program(lab, program, squall_cell.profile, seconds=seconds, seed=squall_cell.seed,
-                       logs=tmp_path / "ranks")
+    done = squall_session.session.run_program(program, squall_cell.profile, squall_cell.workers, seconds=seconds,
+                                              seed=squall_cell.seed, logs=tmp_path / "ranks",
+                                              label=request.node.nodeid)
     verdict = judge(done.trace, done.runs, target=program.target, metric_names=program.metric_names)
     request.node.stash[_TRACE] = done.trace
     request.node.stash.setdefault(_VERDICTS, []).append(verdict)
@@ -550,7 +494,7 @@ def squall_run(request: pytest.FixtureRequest, squall_session: SquallSession) ->
 
     def run(spec: Any, *, workers: int) -> Any:
         _require_docker()
-        return squall_session.run(spec, workers, label=request.node.nodeid)
+        return squall_session.session.run(spec, workers, label=request.node.nodeid)
 
     return run
 
@@ -616,7 +560,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """One line per profile the session calibrated: was its emulation faithful?"""
     squall: SquallSession | None = config.stash.get(SESSION_KEY, None)
-    if squall is None or squall._fidelity is None or not squall.fidelity.verdicts:
+    if squall is None or squall._session is None or not squall.fidelity.verdicts:
         return
     terminalreporter.section("squall calibration")
     for profile, verdict in squall.fidelity.verdicts.items():

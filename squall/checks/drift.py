@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 
 from squall.checks.verdict import Verdict, safe, unknown
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 MIN_POINTS = 6
 

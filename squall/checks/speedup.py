@@ -11,9 +11,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from squall.checks.convergence import Target, run_time_to_target
+from squall.checks.convergence import time_to_target
 from squall.checks.verdict import Verdict, safe, unknown
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
+from squall.target import Target
 
 
 @safe("speedup")
@@ -24,14 +25,14 @@ def speedup(fast: Sequence[RunTrace], slow: Sequence[RunTrace], target: Target, 
     expected = f"time({name_b}) / time({name_a}) >= {at_least:g} for {target.describe()}"
     if not fast or not slow:
         return unknown("speedup", expected, f"{len(fast)} run(s) of {name_a} and {len(slow)} of {name_b}: need both")
-    fast_times = [run_time_to_target(t, target) for t in fast]
+    fast_times = [time_to_target(t, target) for t in fast]
     missing = [t.seed for t, v in zip(fast, fast_times, strict=True) if v is None]
     if missing:
         return Verdict("speedup", False, None, expected, f"{name_a} never reached the target (seeds {missing})")
     slow_times = []
     censored = 0
     for trace in slow:
-        value = run_time_to_target(trace, target)
+        value = time_to_target(trace, target)
         if value is None:
             censored += 1
             value = trace.duration

@@ -75,7 +75,7 @@ def _claim(raw: Any, where: str) -> Claim:
             protocols=tuple(str(p) for p in raw.get("protocols") or ()),
             profiles=tuple(str(p) for p in raw.get("profiles") or ()), workers=int(raw.get("workers") or 0),
             seeds=tuple(int(s) for s in raw.get("seeds") or ()),
-            target=None if target is None else Target(str(target["metric"]), float(target["value"])),
+            target=Target.of(target),
             at_least=_optional_float(raw, "at_least"), at_most=_optional_float(raw, "at_most"),
             run=dict(raw.get("run") or {}), params=dict(raw.get("params") or {}), gate=bool(raw.get("gate", True)))
         if "workers" in raw and claim.workers < 1:

@@ -32,13 +32,13 @@ from squall.cluster import Cluster
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec
 from squall.experiment.matrix import Matrix, load_matrix_file
-from squall.experiment.runner import stderr_progress, target_of
+from squall.experiment.runner import stderr_progress
 from squall.protocols.catalog import PROTOCOLS
 from squall.report import provenance
 from squall.report.compare import Comparison, cell_figures, compare, megabytes
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, write_report
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def run_demo(*, workers: int = 4, as_json: bool = False, report: Path = Path("re
     matrix = spec.matrix if (workers,) == spec.matrix.workers else type(spec.matrix)(
         spec.matrix.protocols, spec.matrix.profiles, (workers,), spec.matrix.seeds)
     run = dict(spec.run)
-    target = target_of(run)
+    target = Target.of(run.get("target"))
     progress(f"starting {workers} containers")
     with Cluster(Lab(workers=workers).spec) as cluster:  # one cluster: calibrated, then trained on
         t = time.monotonic()

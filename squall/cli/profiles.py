@@ -23,8 +23,8 @@ from squall.profiles import (
     load_profile,
     profile_dirs,
 )
+from squall.profiles.link_traces import row_cells
 from squall.profiles.profile import TracedScope
-from squall.profiles.traces import row_cells
 from squall.profiles.units import (
     UnitError,
     format_duration_us,

@@ -17,18 +17,19 @@ from typing import Any
 
 from squall.checks.verdict import Verdict
 from squall.cluster.spec import LOCAL, MAX_WORKERS, default_engine, select_engine
-from squall.experiment.lab import Lab
-from squall.experiment.program import program_image, run_program
+from squall.experiment.fidelity import SessionCalibration
+from squall.experiment.program import program_image
+from squall.experiment.session import Session
 from squall.profiles import load_profile
-from squall.programs.result import VERDICTS, report_target, result_json
+from squall.programs.result import VERDICTS, result_json
 from squall.programs.spec import ProgramSpec, program_from_args
-from squall.programs.target import ProgramTarget
 from squall.programs.verdict import judge
 from squall.progress import Display
 from squall.report import provenance
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, write_report
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
+from squall.target import Target
 
 DEFAULT_SECONDS = 60.0  # a program's budget when --seconds is not given
 
@@ -53,15 +54,17 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
                          f"{MAX_WORKERS[LOCAL]} workers, got {args.workers}")
     profile.validate_for(args.workers)
     seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS
-    image = program_image(spec)  # a requirement that cannot be installed fails here, before any container
     cid = cell_id(spec, args.profile, args.workers)
     display = Display(label=cid)
     t0, before = time.monotonic(), provenance.collect()
     report_dir: Path = args.report
+    fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
     try:
-        with display.logging_above(), Lab(workers=args.workers, backend=args.backend, image=image,
-                                          workdir=spec.workdir, preload=(), progress=display) as lab:
-            run = run_program(lab, spec, args.profile, seconds=seconds, seed=args.seed, logs=report_dir / "ranks")
+        with display.logging_above(), Session(backend=args.backend, observer=display, fidelity=fidelity) as cells:
+            # a requirement that cannot be installed fails here, before any container starts
+            cells.images[spec.requirements] = program_image(spec)
+            run = cells.run_program(spec, args.profile, args.workers, seconds=seconds, seed=args.seed,
+                                    logs=report_dir / "ranks")
     finally:
         display.close()
     trace = run.trace
@@ -70,11 +73,11 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
                             "duration_s": round(time.monotonic() - t0, 1), "run": {"seconds": seconds},
                             "provenance": provenance.finish(before),
                             "profiles": describe_profiles([(args.profile, args.workers)])}
-    target = report_target(spec.target)
-    if target:
-        meta["target"] = target
-        meta["run"]["target"] = target
-    results = Results(title=f"Squall run: {cid}", cells=(CellResult(cid, trace, (verdict,)),), meta=meta)
+    if spec.target is not None:
+        meta["target"] = spec.target.to_mapping()
+        meta["run"]["target"] = str(spec.target)
+    results = Results(title=f"Squall run: {cid}", cells=(CellResult(cid, trace, (verdict,)),),
+                      calibration=tuple(fidelity.rows), meta=meta)
     _, page = write_report(results, report_dir)
     if args.json:
         sys.stdout.write(json.dumps(result_json(trace, verdict, target=spec.target, report=str(page))) + "\n")
@@ -88,7 +91,7 @@ def _mb(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:.2f} MB"
 
 
-def summary(cid: str, trace: RunTrace, verdict: Verdict, target: ProgramTarget | None, *, total_s: float) -> str:
+def summary(cid: str, trace: RunTrace, verdict: Verdict, target: Target | None, *, total_s: float) -> str:
     """The block ``squall run -- COMMAND`` ends with (``--json`` prints :func:`result_json` instead)."""
     res = result_json(trace, verdict, target=target)
     lines = [f"{cid}: {trace.workers} ranks, shaping backend {trace.backend}: {VERDICTS[verdict.passed].upper()}"]

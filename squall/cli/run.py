@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -18,32 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from squall.assets import find_matrix
-from squall.checks import Target, Validity, converged, merge, run_time_to_target
+from squall.checks import Validity, converged, merge, time_to_target
 from squall.claims.registry import load_claims
 from squall.cluster.spec import ENGINES, select_engine
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError
 from squall.experiment.matrix import build_matrix, load_matrix_file
-from squall.experiment.runner import Labs, run_matrix, target_of
+from squall.experiment.runner import run_matrix
+from squall.experiment.session import Session
 from squall.progress import Display
 from squall.protocols.catalog import PROTOCOLS
 from squall.report import provenance
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, ClaimResult, Results, load_results, write_report
-from squall.trace import RunTrace, trace_to_json
-
-
-def _target(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    metric, sep, value = text.partition("=")
-    try:
-        number = float(value) if sep and metric.strip() else math.nan
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise ValueError(f"--target must look like accuracy=0.9 or eval_loss=0.5, got {text!r}")
-    return {metric.strip(): number}
+from squall.run_trace import RunTrace, trace_to_json
+from squall.target import Target
 
 
 def _cmd_replay(args: argparse.Namespace, *, every: bool) -> int:
@@ -99,14 +87,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
                           source="squall run", known_protocols=PROTOCOLS)
     run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr}
-    if args.target:
-        run["target"] = _target(args.target)
+    target = Target.parse(args.target) if args.target else None
+    if target is not None:
+        run["target"] = target.to_mapping()
     cell = matrix.cells()[0]
     display = Display(label=cell.id())
     t0, before = time.monotonic(), provenance.collect()
     try:
         fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
-        with display.logging_above(), Labs(backend=args.backend, observer=display, fidelity=fidelity) as labs:
+        with display.logging_above(), Session(backend=args.backend, observer=display, fidelity=fidelity) as labs:
             from squall.experiment.lab import RunSpec
 
             trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
@@ -117,7 +106,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     finally:
         display.close()
-    target = target_of(run)
     verdict = converged(trace, target) if target else None
     results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
                                                                           (verdict,) if verdict else ()),),
@@ -152,7 +140,7 @@ def run_summary(trace: RunTrace, target: Target | None) -> dict[str, Any]:
         "steps_max": max((r.step for r in last.values()), default=0),
         "training_s": round(trace.duration, 2),
         "target": target.describe() if target else None,
-        "time_to_target_s": run_time_to_target(trace, target) if target else None,
+        "time_to_target_s": time_to_target(trace, target) if target else None,
         "final_loss": sum(losses) / len(losses) if losses else None,
         "final_eval_loss": final.eval_loss if final else None,
         "final_accuracy": final.accuracy if final else None,

@@ -13,11 +13,11 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from squall.cluster import ClusterError, ClusterSpec, Mount
 from squall.cluster.backend import ClusterBackend, open_cluster
@@ -25,16 +25,16 @@ from squall.cluster.cluster import SRC_MOUNT, JobHandle
 from squall.cluster.image import REPO_ROOT as SQUALL_ROOT
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import default_engine
-from squall.experiment.realised import change_records, churn_records, replayed
-from squall.experiment.timeline import Action, TimelineRunner, plan_timeline
+from squall.experiment.driver import Cell, CounterSampler, Ended, ExperimentError, act, drive, recover
+from squall.experiment.timeline import Action
 from squall.profiles import load_profile
 from squall.progress import Observer, Quiet
 from squall.protocols.catalog import lookup
-from squall.shaping import NotInPlace, Shaper, TimedState, link_timeline
-from squall.shaping.base import SchedulingShaper
-from squall.shaping.scheduled import Applied
-from squall.shaping.timed import ChangeRun
-from squall.trace import RunTrace, build_trace
+from squall.run_trace import RunTrace
+from squall.shaping import Shaper, TimedState
+from squall.target import Target
+
+__all__ = ["GRACE_S", "ExperimentError", "Lab", "ProtocolWorkload", "RunSpec", "code_dir_of", "device_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ EXT_MOUNT = "/squall/ext"  # where third-party protocol code is mounted
 PROGRAM_MOUNT = "/squall/program"  # where a user's program folder is mounted (read-only)
 #: Seconds a job may run past its budget (start-up, final evaluation, goodbyes) before it is cancelled.
 GRACE_S = 60.0
-
-
-class ExperimentError(RuntimeError):
-    """A cell could not run, or its run broke the emulation (e.g. shaping stopped); says why."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +55,7 @@ class RunSpec:
     task: str = "logreg_digits"  # training task
     steps: int | None = None  # step budget (None: only the time budget)
     seconds: float | None = 30.0  # time budget of the training
-    target: Mapping[str, float] | None = None  # stop early once reached, e.g. {"accuracy": 0.9}
+    target: Target | None = None  # stop early once reached (also given as "accuracy>=0.9" or {"accuracy": 0.9})
     lr: float = 0.5  # learning rate
     batch_size: int = 32  # per-worker batch
     config: Mapping[str, Any] = field(default_factory=dict)  # further job config (e.g. ballast_mb, eval_every)
@@ -73,6 +69,7 @@ class RunSpec:
         if self.seconds is not None and self.seconds <= 0:
             raise ValueError(f"seconds must be > 0, got {self.seconds}")
         lookup(self.protocol)  # unknown protocol: KeyError naming the known ones
+        object.__setattr__(self, "target", Target.of(self.target))  # a malformed one: TargetError
 
 
 def device_config(profile_device: Mapping[str, Any], spec: RunSpec) -> dict[str, Any]:
@@ -155,87 +152,39 @@ class Lab:
                 self.cluster = None
 
     # -- one cell ---------------------------------------------------------------------------------
+    def cell(self, profile_name: str, *, seconds: float, seed: int, budget_steps: int | None = None,
+             replay: Mapping[str, Any] | None = None) -> Cell:
+        """What the driver needs to run one workload on this lab, shaped as ``profile_name``."""
+        cluster, shaper = self._require()
+        profile = load_profile(profile_name)
+        profile.validate_for(self.workers)
+        return Cell(cluster, shaper, self.progress, profile, seconds, seed, budget_steps, replay)
+
     def run(self, spec: RunSpec) -> RunTrace:
         """Shape the links for ``spec.profile``, train, apply the profile's timeline, return the trace."""
-        cluster, shaper = self._require()
-        profile = load_profile(spec.profile)
-        profile.validate_for(self.workers)
-        self.progress.stage("shaping", f"{spec.protocol} on {profile.name}")
         proto = lookup(spec.protocol)
-        config = self._config(spec, proto.config)
-        per_node = {i: {"device": device_config(profile.device(i, self.workers).to_dict(), spec)}
+        cell = self.cell(spec.profile, seconds=spec.seconds if spec.seconds is not None else 600.0, seed=spec.seed,
+                         budget_steps=spec.steps, replay=spec.replay)
+        per_node = {i: {"device": device_config(cell.profile.device(i, self.workers).to_dict(), spec)}
                     for i in range(self.workers)}
-        duration = spec.seconds if spec.seconds is not None else 600.0
-        if spec.replay is not None:
-            states, node_actions = replayed(spec.replay, self.workers)
-        else:
-            states = link_timeline(profile, self.workers, duration)
-            node_actions = [a for a in plan_timeline(profile, self.workers, duration) if a.kind != "reshape"]
-        changes = schedule_links(shaper, states)
-        actions = sorted([*node_actions, *([] if changes else [
-            Action(t.at_s, "reshape", label=t.label, change=i) for i, t in enumerate(states) if i > 0])],
-            key=lambda a: (a.at_s, a.kind != "reshape"))
-        start_wall, start = time.time(), time.monotonic()
-        try:
-            if changes is not None:
-                changes.go(start)
-            handle = cluster.start_job(proto.entry, config, per_node=per_node, seed=spec.seed,
-                                       timeout=duration + GRACE_S)
-            rejoin = _Rejoin(cluster, proto.entry, config, per_node, seed=spec.seed, start=start,
-                             duration=duration) if proto.rejoins else None
-            self.progress.stage("training", f"{spec.protocol} on {profile.name}, job {handle.job_id}")
-            files = [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
-            with self.progress.watching(files, budget_s=spec.seconds, budget_steps=spec.steps), \
-                    TimelineRunner(actions, lambda a: self._do(a, states, cluster, shaper, rejoin),
-                                   start=start) as timeline:
-                first = handle.wait(raise_on_failure=False)
-        finally:
-            applied = changes.finish() if changes is not None else []
-        realised = realised_timeline(states, applied, timeline.done, start=start, in_place=changes is not None)
-        realised.update({"duration_s": duration, "replayed": spec.replay is not None})
-        self.progress.stage("collecting", f"{spec.protocol} on {profile.name}")
-        later = rejoin.wait() if rejoin is not None else []
-        lives = incarnations(first, later)
-        results = [runs[-1] for runs in lives]  # each node's last run says whether it survived
-        try:
-            shaper.check()
-        except Exception as exc:
-            raise ExperimentError(f"{spec.protocol} on {spec.profile}: shaping stopped during the run: {exc}") from exc
-        if timeline.errors:
-            raise ExperimentError(f"{spec.protocol} on {spec.profile}: churn failed: {'; '.join(timeline.errors)}")
-        survivors = [r.node for r in results if r.ok]
-        if not survivors:
-            raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node{_all_down(cluster)}:\n  "
-                                  + "\n  ".join(r.describe() for r in results))
-        self._recover(cluster, shaper)
-        meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
-                "budget_steps": spec.steps, "failures": [r.describe() for runs in lives for r in runs if not r.ok],
-                "summaries": [r.value for r in results],
-                "timeline_lateness_s": [c["lateness_s"] for c in realised["changes"][1:]]
-                + [t - a.at_s for a, t in timeline.done if a.kind != "reshape"],
-                "timeline": realised, "profile_source": profile.source, "seed": spec.seed,
-                "rejoined": sorted({r.node for r in later}), "engine": cluster.engine,
-                "placement": [cluster.placement().get(i, "?") for i in range(self.workers)],
-                "clock_offsets_s": cluster.clock_offsets()}
-        per_worker = [[rec for r in runs for rec in r.metrics()] for runs in lives]
-        return build_trace(protocol=spec.protocol, profile=profile.name, seed=spec.seed, backend=shaper.backend,
-                           per_worker=per_worker, start_wall=start_wall,
-                           churn=timeline.marks, survivors=survivors, meta=meta)
+        workload = ProtocolWorkload(spec, proto.entry, self._config(spec, proto.config), per_node,
+                                    rejoins=proto.rejoins, duration=cell.seconds)
+        return drive(cell, workload).trace
 
     def next_port(self) -> int:
         """A rendezvous port no earlier cell of this lab used (a port in TIME_WAIT cannot be bound again)."""
         return BASE_PORT + next(self._ports) % 400
 
-    def act(self, action: Action, states: Sequence[TimedState], rejoin: Rejoiner | None = None) -> None:
-        """Do one timeline action: a reshape to ``states[action.change]``, or node churn (``rejoin``
-        starts the job of a restarted node again)."""
+    def act(self, action: Action, states: Sequence[TimedState], restarted: Callable[[int], None] | None = None) -> None:
+        """Do one timeline action: a reshape to ``states[action.change]``, or node churn (``restarted`` is told
+        of each node churn restarted, to start its job again)."""
         cluster, shaper = self._require()
-        self._do(action, states, cluster, shaper, rejoin)
+        act(action, states, cluster, shaper, restarted)
 
     def recover(self) -> None:
-        """Bring every node back for the next cell (see :meth:`run`)."""
+        """Bring every node back for the next cell."""
         cluster, shaper = self._require()
-        self._recover(cluster, shaper)
+        recover(cluster, shaper)
 
     def _config(self, spec: RunSpec, base: Mapping[str, Any]) -> dict[str, Any]:
         config: dict[str, Any] = {**base, "task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size,
@@ -244,39 +193,10 @@ class Lab:
             config["steps"] = spec.steps
         if spec.seconds is not None:
             config["seconds"] = spec.seconds
-        if spec.target:
-            config["target"] = dict(spec.target)
+        if spec.target is not None:
+            config["target"] = spec.target.to_mapping()
         config.update(spec.config)
         return config
-
-    def _do(self, action: Action, states: Sequence[TimedState], cluster: ClusterBackend, shaper: Shaper,
-            rejoin: Rejoiner | None = None) -> None:
-        if action.kind == "reshape":
-            shaper.apply(states[action.change].state)
-            return
-        for node in action.nodes:
-            if action.kind == "kill":
-                cluster.kill(node)
-            elif action.kind == "pause":
-                cluster.pause(node)
-            elif action.kind == "resume":
-                cluster.unpause(node)
-            elif action.kind == "restart":
-                shaper.replace_endpoint(cluster.restart(node).endpoint)
-                if rejoin is not None:
-                    rejoin.start(node)
-            else:
-                raise ExperimentError(f"unknown churn action {action.kind!r}")
-
-    def _recover(self, cluster: ClusterBackend, shaper: Shaper) -> None:
-        """Bring every node back for the next cell: unpause, restart the dead, re-shape the new."""
-        for node in list(cluster.nodes):
-            state = cluster.state(node.index)
-            if state.paused:
-                cluster.unpause(node.index)
-            elif not state.running or node.agent.ping(timeout=2) is None:
-                logger.info("bringing node %d back after churn", node.index)
-                shaper.replace_endpoint(cluster.restart(node.index).endpoint)
 
     def _require(self) -> tuple[ClusterBackend, Shaper]:
         if self.cluster is None or self.shaper is None:
@@ -284,81 +204,77 @@ class Lab:
         return self.cluster, self.shaper
 
 
-def realised_timeline(states: Sequence[TimedState], applied: Sequence[Applied], done: Sequence[tuple[Action, float]], *,
-              start: float, in_place: bool) -> dict[str, Any]:
-    """The run's realised timeline (:mod:`.realised`): each link change done and each churn action run."""
-    done_at: dict[int, tuple[float, Sequence[str]]] = {0: (0.0, ())}
-    done_at.update({a.index: (a.done_ns / 1e9 - start, a.errors) for a in applied})
-    done_at.update({a.change: (t, ()) for a, t in done if a.kind == "reshape"})
-    for a in applied:
-        if a.errors:
-            logger.warning("link change %d (%s) at %.3f s: %s", a.index, states[a.index].label,
-                           states[a.index].at_s, "; ".join(a.errors))
-    return {"in_place": in_place, "changes": change_records(states, done_at), "churn": churn_records(done)}
+class ProtocolWorkload:
+    """A protocol's job on every node, for :func:`~squall.experiment.driver.drive`.
 
-
-def schedule_links(shaper: Shaper, states: Sequence[TimedState]) -> ChangeRun | None:
-    """Apply the first state and prepare the others as in-place changes sent at real-time priority;
-    None (the first state applied the old way) when the shaper cannot or the timeline is not in place."""
-    if len(states) > 1 and isinstance(shaper, SchedulingShaper):
-        try:
-            changes: ChangeRun = shaper.schedule(states)
-            return changes
-        except NotInPlace as exc:
-            logger.warning("link changes applied one by one by the harness, not in place: %s", exc)
-    shaper.apply(states[0].state)
-    return None
-
-
-class Rejoiner(Protocol):
-    """Whatever gives a node that churn restarted its job again."""
-
-    def start(self, node: int) -> None:
-        """Start the job on ``node`` again (its container has just been restarted and reshaped)."""
-
-
-class _Rejoin:
-    """Gives a node that churn restarted its job again, with the time left of the run's budget.
-
-    For protocols that can join a run under way (``Protocol.rejoins``). The timeline thread calls
-    :meth:`start`; :meth:`wait` collects every such run once the first ones are over.
+    A node that churn restarted gets the job again when the protocol can join a run under way
+    (``Declaration.rejoins``), with the run's config (the same ``seconds``): the others' budgets count
+    from their start barrier, which the lab does not see, so a protocol that rejoins counts the budget
+    on the run's clock itself (Moshpit takes its peers' heartbeat ages). The job's deadline is the
+    run's (its budget plus :data:`GRACE_S`), since a job caps its budget by its deadline on its own clock.
     """
 
-    def __init__(self, cluster: ClusterBackend, entry: str, config: Mapping[str, Any],
-                 per_node: Mapping[int, Mapping[str, Any]], *, seed: int, start: float, duration: float) -> None:
-        self.cluster = cluster
+    def __init__(self, spec: RunSpec, entry: str, config: Mapping[str, Any], per_node: Mapping[int, Mapping[str, Any]],
+                 *, rejoins: bool, duration: float) -> None:
+        self.label = spec.protocol
+        self.spec = spec
         self.entry = entry
         self.config = dict(config)
         self.per_node = per_node
-        self.seed = seed
-        self.start_time = start  # time.monotonic() of the run's start
+        self.rejoins = rejoins
         self.duration = duration
-        self._handles: list[JobHandle] = []
+        self.start_time = 0.0  # time.monotonic() of the run's start
+        self._cluster: ClusterBackend | None = None
+        self._first: JobHandle | None = None
+        self._results: list[JobResult] = []
+        self._later: list[JobHandle] = []
         self._lock = threading.Lock()
 
-    def start(self, node: int) -> None:
-        """Start the job on ``node`` again, with the run's config and what is left of its deadline.
+    def begin(self, cluster: ClusterBackend, start: float) -> list[Path]:
+        self._cluster, self.start_time = cluster, start
+        handle = cluster.start_job(self.entry, self.config, per_node=self.per_node, seed=self.spec.seed,
+                                   timeout=self.duration + GRACE_S)
+        self._first = handle
+        return [cluster.nodes[i].run_dir / "jobs" / handle.job_id / "metrics.jsonl" for i in handle.nodes]
 
-        The config is the run's own (the same ``seconds``): the others' budgets count from their
-        start barrier, which the lab does not see, so a protocol that rejoins counts the budget on
-        the run's clock itself (Moshpit takes its peers' heartbeat ages). The job's deadline is the
-        run's (its budget plus :data:`GRACE_S`), since a job caps its budget by its deadline on its
-        own clock.
-        """
+    def before(self, action: Action) -> None:
+        """Nothing to do: a killed node's job ends with its container."""
+
+    def restarted(self, node: int) -> None:
+        """Start the job on ``node`` again, with the run's config and what is left of its deadline."""
+        if not self.rejoins or self._cluster is None:
+            return
         left = max(0.0, self.duration - (time.monotonic() - self.start_time))
-        handle = self.cluster.start_job(self.entry, self.config, nodes=[node],
-                                        per_node={node: self.per_node.get(node, {})}, seed=self.seed,
-                                        timeout=self.duration + GRACE_S)
+        handle = self._cluster.start_job(self.entry, self.config, nodes=[node],
+                                         per_node={node: self.per_node.get(node, {})}, seed=self.spec.seed,
+                                         timeout=self.duration + GRACE_S)
         logger.info("node %d restarted: its job %s rejoins the run (%.1f s of the timeline left)",
                     node, handle.job_id, left)
         with self._lock:
-            self._handles.append(handle)
+            self._later.append(handle)
 
-    def wait(self) -> list[JobResult]:
-        """Results of every run started, in the order they started."""
+    def wait(self) -> None:
+        if self._first is not None:
+            self._results = self._first.wait(raise_on_failure=False)
+
+    def end(self, counters: CounterSampler) -> Ended:
+        """Every node's runs; :class:`ExperimentError` when the job failed on every node."""
         with self._lock:
-            handles = list(self._handles)
-        return [r for h in handles for r in h.wait(raise_on_failure=False)]
+            handles = list(self._later)
+        later = [r for h in handles for r in h.wait(raise_on_failure=False)]
+        lives = incarnations(self._results, later)
+        results = [runs[-1] for runs in lives]  # each node's last run says whether it survived
+        survivors = [r.node for r in results if r.ok]
+        spec = self.spec
+        if not survivors:
+            down = _all_down(self._cluster) if self._cluster is not None else ""
+            raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node{down}:\n  "
+                                  + "\n  ".join(r.describe() for r in results))
+        meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
+                "budget_steps": spec.steps, "summaries": [r.value for r in results]}
+        return Ended(per_worker=[[rec for r in runs for rec in r.metrics()] for runs in lives], survivors=survivors,
+                     failures=[r.describe() for runs in lives for r in runs if not r.ok],
+                     rejoined=sorted({r.node for r in later}), meta=meta)
 
 
 def _all_down(cluster: ClusterBackend) -> str:

@@ -17,21 +17,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from squall.checks import Target, Validity, Verdict, converged, merge
+from squall.checks import Validity, Verdict, converged, merge
 from squall.claims.registry import Claim, evaluate
 from squall.experiment.fidelity import SessionCalibration
-from squall.experiment.lab import ExperimentError, Lab, RunSpec, code_dir_of
+from squall.experiment.lab import ExperimentError, RunSpec
 from squall.experiment.matrix import Cell, Matrix
-from squall.experiment.program import program_image, run_program
 from squall.experiment.replay import RecordedCell
-from squall.programs.result import report_target
+from squall.experiment.session import Session
 from squall.programs.spec import ProgramSpec
 from squall.programs.verdict import judge
 from squall.progress import Observer
 from squall.report import provenance
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, ClaimResult, Results
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
+from squall.target import Target
 
 logger = logging.getLogger(__name__)
 
@@ -42,100 +42,6 @@ def stderr_progress(line: str) -> None:
     """The progress display of the CLI: one line per cell on stderr."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
-
-
-class Labs:
-    """One lab per (cluster size, third-party code), started on first use, all closed at the end.
-
-    With ``fidelity``, each profile is calibrated on the first lab that runs it, before its first run.
-    """
-
-    def __init__(self, *, backend: str | None, observer: Observer | None = None,
-                 fidelity: SessionCalibration | None = None) -> None:
-        self.backend = backend
-        self.observer = observer
-        self.fidelity = fidelity
-        self._labs: dict[tuple[int, tuple[str, ...]], Lab] = {}
-        self._images: dict[tuple[str, ...], str | None] = {}
-
-    def program_lab(self, workers: int, program: ProgramSpec) -> Lab:
-        """The lab of this size that mounts ``program``'s folder and runs its image (requirements built first)."""
-        if program.requirements not in self._images:
-            self._images[program.requirements] = program_image(program)
-        image = self._images[program.requirements]
-        key = (workers, ("program", program.workdir, image or ""))
-        if key not in self._labs:
-            self._labs[key] = Lab(workers=workers, backend=self.backend, image=image, workdir=program.workdir,
-                                  preload=(), progress=self.observer).__enter__()
-        return self._labs[key]
-
-    def get(self, workers: int, protocol: str) -> Lab:
-        code = code_dir_of(protocol)
-        key = (workers, (code,) if code else ())
-        if key not in self._labs:
-            self._labs[key] = Lab(workers=workers, backend=self.backend, code=key[1],
-                                  progress=self.observer).__enter__()
-        return self._labs[key]
-
-    def run(self, spec: RunSpec, workers: int) -> RunTrace:
-        lab = self.get(workers, spec.protocol)
-        segments = None
-        if self.fidelity is not None:
-            if self.observer is not None:
-                self.observer.stage("calibrating", spec.profile)
-            self.fidelity.ensure(spec.profile, lab.cluster, workers, shaper=lab.shaper)
-            if self.fidelity.enabled:
-                segments = _segments(spec, lab, workers)
-        trace = lab.run(spec)
-        if segments is not None:  # the report draws them on the run's timeline
-            trace = replace(trace, meta={**trace.meta, "segments": segments})
-        return trace
-
-    def backends(self) -> list[str]:
-        """Shaping backends of the labs started so far."""
-        return sorted({lab.backend for lab in self._labs.values()})
-
-    def close(self) -> None:
-        for lab in self._labs.values():
-            lab.close()
-        self._labs.clear()
-
-    def __enter__(self) -> Labs:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        try:
-            self.close()
-        except Exception as close_exc:
-            if exc is None:
-                raise
-            # the run's own error says why it failed; what teardown left behind is for 'squall gc'
-            logger.error("%s", close_exc)
-
-
-def _segments(spec: RunSpec, lab: Lab, workers: int) -> dict[str, Any] | None:
-    """A profile whose links change during the run: each segment of its timeline judged
-    (:mod:`squall.calibration.segments`) over the run's length; None for a profile that holds still."""
-    from squall.calibration.segments import calibrate_profile_over
-
-    seconds = spec.seconds if spec.seconds is not None else 60.0
-    if lab.cluster is None or lab.shaper is None:
-        return None
-    try:
-        report = calibrate_profile_over(spec.profile, lab.cluster, lab.shaper, workers, seconds)
-        return report.to_dict() if report is not None else None
-    except Exception as exc:  # a run is not refused for it: the report says it is missing
-        logger.warning("%s: the per-segment calibration failed: %s", spec.profile, exc)
-        return None
-
-
-def target_of(run: Mapping[str, Any]) -> Target | None:
-    """The ``converged`` target implied by a run's ``target`` mapping (first metric)."""
-    target = run.get("target")
-    if not target:
-        return None
-    metric, value = next(iter(dict(target).items()))
-    return Target(str(metric), float(value))
 
 
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
@@ -151,13 +57,13 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     """
     cells: list[CellResult] = []
     claim_results: list[ClaimResult] = []
-    target = target_of(run)
+    target = Target.of(run.get("target"))
     todo = matrix.cells()
     t0 = time.monotonic()
     before = provenance.collect()
     fidelity = SessionCalibration(enabled=calibrate, progress=progress)
     logs = logs or Path(tempfile.mkdtemp(prefix="squall-program-logs-"))
-    with Labs(backend=backend, observer=observer, fidelity=fidelity) as labs:
+    with Session(backend=backend, observer=observer, fidelity=fidelity) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
             if observer is not None:
@@ -183,11 +89,9 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
             "profiles": describe_profiles((c.profile, c.workers) for c in todo)}
     if not calibrate:
         meta["calibration"] = "off: the emulation of these profiles was not checked in this run"
-    shared = {str(p.target) for p in matrix.programs}
-    if matrix.programs and not run.get("target") and len(shared) == 1:
-        common = report_target(matrix.programs[0].target)
-        if common:
-            meta["target"] = common  # every program has this target: the report compares them at it
+    shared = {p.target for p in matrix.programs}
+    if matrix.programs and not run.get("target") and len(shared) == 1 and matrix.programs[0].target is not None:
+        meta["target"] = matrix.programs[0].target.to_mapping()  # every program's: the report compares at it
     return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), calibration=tuple(fidelity.rows),
                    meta=meta)
 
@@ -198,7 +102,7 @@ def run_replays(cells: Sequence[RecordedCell], *, backend: str | None = None, pr
     """Run recorded cells again (:mod:`.replay`), each on the timeline it recorded."""
     results: list[CellResult] = []
     t0, before = time.monotonic(), provenance.collect()
-    with Labs(backend=backend, observer=observer) as labs:
+    with Session(backend=backend, observer=observer) as labs:
         for k, recorded in enumerate(cells, 1):
             tag = f"[{k}/{len(cells)}] {recorded.cell_id} (replay)"
             if observer is not None:
@@ -216,19 +120,13 @@ def run_replays(cells: Sequence[RecordedCell], *, backend: str | None = None, pr
 PROGRAM_SECONDS = 60.0
 
 
-def run_program_cell(labs: Labs, cell: Cell, program: ProgramSpec, run: Mapping[str, Any], *, cell_id: str, tag: str,
-                     progress: Progress, logs: Path) -> CellResult:
+def run_program_cell(labs: Session, cell: Cell, program: ProgramSpec, run: Mapping[str, Any], *, cell_id: str,
+                     tag: str, progress: Progress, logs: Path) -> CellResult:
     """One program cell: its lab (the program's folder and image), the run, the verdict."""
     t = time.monotonic()
     seconds = float(run.get("seconds") or PROGRAM_SECONDS)
-    if labs.fidelity is not None and labs.fidelity.enabled and cell.profile not in labs.fidelity.verdicts:
-        lab = labs.program_lab(cell.workers, program)
-        if labs.observer is not None:
-            labs.observer.stage("calibrating", cell.profile)
-        labs.fidelity.ensure(cell.profile, lab.cluster, cell.workers, shaper=lab.shaper)
     try:
-        done = run_program(labs.program_lab(cell.workers, program), program, cell.profile, seconds=seconds,
-                           seed=cell.seed, logs=logs)
+        done = labs.run_program(program, cell.profile, cell.workers, seconds=seconds, seed=cell.seed, logs=logs)
     except ExperimentError as exc:
         progress(f"{tag}: ERROR {exc}")
         empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
@@ -239,7 +137,7 @@ def run_program_cell(labs: Labs, cell: Cell, program: ProgramSpec, run: Mapping[
     return CellResult(cell_id, done.trace, (verdict,))
 
 
-def _run_cell(labs: Labs, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,
+def _run_cell(labs: Session, cell: Cell, run: Mapping[str, Any], target: Target | None, *, cell_id: str, tag: str,
               progress: Progress, spec: RunSpec | None = None) -> CellResult:
     t = time.monotonic()
     if spec is None:

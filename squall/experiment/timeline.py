@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from squall.profiles import ChurnKind, Profile
-from squall.trace import ChurnMark
+from squall.run_trace import ChurnMark
 
 logger = logging.getLogger(__name__)
 

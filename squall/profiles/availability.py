@@ -17,9 +17,9 @@ from typing import Final
 
 from squall.profiles.churn import ScheduledEvent
 from squall.profiles.errors import Origin, ProfileError, Section
+from squall.profiles.link_traces import read_referenced, read_table, with_file
 from squall.profiles.model import ChurnKind
 from squall.profiles.selectors import parse_selector
-from squall.profiles.traces import read_referenced, read_table, with_file
 from squall.profiles.units import UnitError, parse_duration_us
 
 COLUMNS: Final = ("node", "down", "up")

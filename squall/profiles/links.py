@@ -18,10 +18,10 @@ from typing import Final
 
 from squall.profiles.bounds import parse_link_rate_bps
 from squall.profiles.errors import Origin, Section, expect_list
+from squall.profiles.link_traces import Trace, load_trace
 from squall.profiles.regions import RegionSet
 from squall.profiles.selectors import NodeSelector, PairExpr, parse_pair, parse_selector, split_arrow
 from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS
-from squall.profiles.traces import Trace, load_trace
 
 KEY_OF_FIELD: Final = {field: setting.key for field, setting in BY_FIELD.items()}
 MIN_FIELDS: Final = frozenset(s.field for s in SETTINGS if s.narrowest)  # egress/ingress conflicts take the smaller

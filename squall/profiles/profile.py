@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from squall.profiles.churn import REFERENCE_RUN_S, ChurnPlan
 from squall.profiles.devices import DeviceModel
 from squall.profiles.errors import Origin
+from squall.profiles.link_traces import Trace
 from squall.profiles.links import LinkPatch, LinkRules
 from squall.profiles.model import ChurnEvent, DeviceSpec, LinkSpec, NodeLinkSpec
 from squall.profiles.regions import RegionSet
 from squall.profiles.resolve import Resolver, check_link, check_node_rules
 from squall.profiles.selectors import NodeSelector
-from squall.profiles.traces import Trace
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A program's run as plain data: what goes in the trace's ``meta`` and what ``squall run --json`` prints (pure).
 
-The trace of a program's run is an ordinary :class:`~squall.trace.RunTrace` (its records are the
+The trace of a program's run is an ordinary :class:`~squall.run_trace.RunTrace` (its records are the
 figures read from stdout and ``squall.log``; each record's ``bytes_sent`` is the rank's kernel count
 at that moment), so the report's tables and plots work as for a protocol. What only a program has
 lives in ``trace.meta["program"]`` (:data:`META_KEY`): the command, every rank's runs, the link-by-link
@@ -14,26 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from squall.checks.convergence import bytes_to_target, rank_time_to_target, time_to_target
 from squall.checks.verdict import Verdict
-from squall.programs.target import ProgramTarget
-from squall.programs.verdict import RankRun, figure_of, last_runs, rank_time_to_target, time_to_target
-from squall.trace import RunTrace
+from squall.programs.verdict import RankRun, last_runs
+from squall.run_trace import RunTrace
+from squall.target import Target
 
 META_KEY = "program"
 VERDICTS = {True: "pass", False: "fail", None: "unknown"}
 LINK_FIELDS = ("src", "dst", "bytes", "packets", "dropped")
-
-
-#: Targets the report's comparison knows (squall.checks.Target): a program target on one of these
-#: figures, in this direction, is also the report's.
-REPORT_TARGETS = {"loss": "<=", "eval_loss": "<=", "accuracy": ">="}
-
-
-def report_target(target: ProgramTarget | None) -> dict[str, float] | None:
-    """The report's ``target`` mapping for a program's target, when the report's comparison can use it."""
-    if target is None or REPORT_TARGETS.get(target.metric) != target.op:
-        return None
-    return {target.metric: target.value}
 
 
 def runs_to_json(runs: Sequence[RankRun]) -> list[dict[str, Any]]:
@@ -61,7 +50,7 @@ def program_meta(trace: RunTrace) -> Mapping[str, Any] | None:
 
 
 def link_rows(meta: Mapping[str, Any]) -> list[tuple[int, int, int, int, int]]:
-    """``(src, dst, bytes, packets, dropped)`` of every directed link of a program's run."""
+    """``(src, dst, bytes, packets, dropped)`` of every directed link of a run (its trace's meta)."""
     rows = []
     for row in meta.get("links") or []:
         if isinstance(row, list | tuple) and len(row) == len(LINK_FIELDS):
@@ -88,29 +77,12 @@ def bytes_received(meta: Mapping[str, Any], workers: int) -> list[int]:
     return got
 
 
-def bytes_to_target(trace: RunTrace, target: ProgramTarget) -> list[int | None]:
-    """Per rank, the bytes it had sent when the run reached ``target`` (None for every rank when it did not)."""
-    reached = time_to_target(trace, target)
-    out: list[int | None] = []
-    for rank in range(trace.workers):
-        if reached is None:
-            out.append(None)
-            continue
-        sent = 0
-        for rec in trace.of(rank):
-            if rec.t > reached:
-                break
-            sent = rec.bytes_sent
-        out.append(sent)
-    return out
-
-
 def metric_series(trace: RunTrace, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
     """For each name, every ``{rank, t, value, step}`` in time order."""
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rec in trace.records:
         for name in names:
-            value = figure_of(rec, name)
+            value = rec.figure(name)
             if value is not None:
                 out[name].append({"rank": rec.worker, "t": round(rec.t, 3), "value": value, "step": rec.step})
     return out
@@ -121,12 +93,12 @@ def figure_names(trace: RunTrace, patterns: Sequence[str]) -> list[str]:
     names = list(patterns)
     for rec in trace.records:
         for name in ("loss", "eval_loss", "accuracy", *rec.extra):
-            if name not in names and figure_of(rec, name) is not None and name not in ("elapsed_s",):
+            if name not in names and rec.figure(name) is not None and name not in ("elapsed_s",):
                 names.append(name)
     return names
 
 
-def result_json(trace: RunTrace, verdict: Verdict, *, target: ProgramTarget | None,
+def result_json(trace: RunTrace, verdict: Verdict, *, target: Target | None,
                 report: str | None = None) -> dict[str, Any]:
     """The object ``squall run --json -- COMMAND`` prints (see docs/your-own-program.md)."""
     meta = program_meta(trace) or {}
@@ -144,9 +116,9 @@ def result_json(trace: RunTrace, verdict: Verdict, *, target: ProgramTarget | No
         "workers": trace.workers,
         "ranks": [{"rank": r, "exit_code": run.exit_code, "state": run.state, "restarts": restarts[r],
                    "logs": run.logs} for r, run in sorted(last.items())],
-        "bytes_sent": bytes_sent(meta, trace.workers),
-        "bytes_received": bytes_received(meta, trace.workers),
-        "links": [dict(zip(LINK_FIELDS, row, strict=True)) for row in link_rows(meta)],
+        "bytes_sent": bytes_sent(trace.meta, trace.workers),
+        "bytes_received": bytes_received(trace.meta, trace.workers),
+        "links": [dict(zip(LINK_FIELDS, row, strict=True)) for row in link_rows(trace.meta)],
         "metrics": metric_series(trace, figure_names(trace, patterns)),
         "target": str(target) if target is not None else None,
         "time_to_target_s": None if ttt is None else round(ttt, 3),
@@ -165,7 +137,7 @@ class ProgramResult:
 
     trace: RunTrace  # the run as a trace (figures per rank, kernel bytes per record)
     verdict: Verdict  # pass, fail or unknown (squall.programs.verdict.judge)
-    target: ProgramTarget | None  # the program's target, if any
+    target: Target | None  # the program's target, if any
     runs: tuple[RankRun, ...]  # every rank's runs, restarts included
 
     @property
@@ -185,12 +157,12 @@ class ProgramResult:
     @property
     def bytes_sent(self) -> list[int]:
         """Bytes each rank sent over the whole run, counted in the kernel."""
-        return bytes_sent(program_meta(self.trace) or {}, self.trace.workers)
+        return bytes_sent(self.trace.meta, self.trace.workers)
 
     @property
     def links(self) -> list[tuple[int, int, int, int, int]]:
         """``(src, dst, bytes, packets, dropped)`` of every directed link."""
-        return link_rows(program_meta(self.trace) or {})
+        return link_rows(self.trace.meta)
 
     @property
     def time_to_target_s(self) -> float | None:

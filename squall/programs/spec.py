@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.programs.lines import LineError, MetricPattern, parse_patterns
-from squall.programs.target import ProgramTarget, TargetError
+from squall.target import Target, TargetError
 
 #: Keys of a ``programs:`` entry (and of the marker's program arguments).
 KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env")
@@ -40,7 +40,7 @@ class ProgramSpec:
     name: str  # how reports and test ids call it
     workdir: str  # absolute host folder: mounted read-only, the command's current directory
     metrics: tuple[MetricPattern, ...] = ()  # figures read from stdout
-    target: ProgramTarget | None = None  # the figure to reach
+    target: Target | None = None  # the figure to reach
     requirements: tuple[str, ...] = ()  # pip requirement lines for a derived image
     requirements_source: str = ""  # where they came from (a file, --pip), for messages
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment of every rank
@@ -180,7 +180,7 @@ def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), ta
     except LineError as exc:
         raise ProgramError(f"--metric: {exc}") from None
     try:
-        goal = ProgramTarget.parse(target) if target else None
+        goal = Target.parse(target) if target else None
     except TargetError as exc:
         raise ProgramError(f"--target: {exc}") from None
     lines, source = requirement_lines(requirements, pip, base=base, flag="--requirements")
@@ -217,7 +217,7 @@ def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> 
     if target_raw is not None and not isinstance(target_raw, str):
         raise ProgramError(f"{source}: target: expected a string such as 'loss<=1.2', got {target_raw!r}")
     try:
-        goal = ProgramTarget.parse(target_raw) if target_raw else None
+        goal = Target.parse(target_raw) if target_raw else None
     except TargetError as exc:
         raise ProgramError(f"{source}: target: {exc}") from None
     pip = raw.get("pip") or []

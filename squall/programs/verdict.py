@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from squall.checks.convergence import best_value, time_to_target
 from squall.checks.verdict import Verdict
-from squall.programs.target import ProgramTarget
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace
+from squall.target import Target
 
 CHECK = "program"
 #: How one run of one rank ended.
@@ -32,7 +33,6 @@ STATES = {
     "lost": "its agent went away (the container died) without churn to explain it",
     "error": "could not be started",
 }
-NAMED = ("loss", "eval_loss", "accuracy")  # figures a trace keeps in their own fields
 
 
 @dataclass(frozen=True)
@@ -73,29 +73,6 @@ def _code(code: int | None) -> str:
     return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def figure_of(rec: StepRecord, name: str) -> float | None:
-    """The figure ``name`` of a record: a named field of the trace, else one of its extras."""
-    if name in NAMED:
-        value: float | None = getattr(rec, name)
-        return value
-    return rec.extra.get(name)
-
-
-def rank_time_to_target(trace: RunTrace, target: ProgramTarget, rank: int) -> float | None:
-    """Seconds until ``rank`` first met ``target``, or None."""
-    for rec in trace.of(rank):
-        value = figure_of(rec, target.metric)
-        if value is not None and target.met(value):
-            return rec.t
-    return None
-
-
-def time_to_target(trace: RunTrace, target: ProgramTarget) -> float | None:
-    """Seconds until every surviving rank met ``target`` (the last of them), or None."""
-    times = [rank_time_to_target(trace, target, r) for r in trace.alive]
-    return None if not times or any(t is None for t in times) else max(t for t in times if t is not None)
-
-
 def last_runs(runs: Sequence[RankRun]) -> dict[int, RankRun]:
     """Each rank's last run."""
     out: dict[int, RankRun] = {}
@@ -104,7 +81,7 @@ def last_runs(runs: Sequence[RankRun]) -> dict[int, RankRun]:
     return out
 
 
-def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: ProgramTarget | None,
+def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: Target | None,
           metric_names: Sequence[str] = ()) -> Verdict:
     """The program's verdict (see the module docstring)."""
     expected = f"every rank exits 0{'' if target is None else ' and every surviving rank reaches ' + target.describe()}"
@@ -116,8 +93,7 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: ProgramTarget | N
         return Verdict(CHECK, False, {"failed ranks": sorted({r.rank for r in failed})}, expected,
                        first.describe() + more)
     if target is not None:
-        values = [v for rec in trace.records if (v := figure_of(rec, target.metric)) is not None]
-        if not values:
+        if not any(rec.figure(target.metric) is not None for rec in trace.records):
             return Verdict(CHECK, None, None, expected,
                            f"no rank ever reported {target.metric!r} (the pattern never matched, and no squall.log "
                            "record carried it): nothing to judge")
@@ -127,8 +103,8 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: ProgramTarget | N
                            f"every surviving rank reached {target.describe()}; the last after {reached:.1f} s")
         late = []
         for rank in trace.alive:
-            mine = [v for rec in trace.of(rank) if (v := figure_of(rec, target.metric)) is not None]
-            late.append(f"rank {rank} {'never reported it' if not mine else f'best {target.best(mine):.4g}'}")
+            best = best_value(trace, target, rank)
+            late.append(f"rank {rank} {'never reported it' if best is None else f'best {best:.4g}'}")
         return Verdict(CHECK, False, None, expected, f"{target.describe()} not reached: " + "; ".join(late))
     if metric_names and not trace.records:
         return Verdict(CHECK, None, None, expected,

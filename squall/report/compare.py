@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from squall.checks import Target
-from squall.checks.convergence import run_time_to_target
-from squall.trace import RunTrace
+from squall.checks.convergence import bytes_by, time_to_target
+from squall.run_trace import RunTrace
+from squall.target import Target, TargetError
 
 #: Fields every training protocol's end summary and step records carry (the record schema:
 #: ``squall/training/run/records.py`` RESERVED plus the summary's own); everything else is the
@@ -34,17 +34,14 @@ SCHEMA_FIELDS = frozenset({
 
 
 def target_from(meta: Mapping[str, Any]) -> Target | None:
-    """The target of a results file: ``meta["target"]`` or the run's ``target`` mapping (its first metric)."""
+    """The target of a results file: ``meta["target"]``, else the run's ``target`` (None when neither reads)."""
     raw = meta.get("target")
     if raw is None and isinstance(meta.get("run"), Mapping):
         raw = meta["run"].get("target")
-    if isinstance(raw, Mapping) and raw:
-        metric, value = next(iter(raw.items()))
-        try:
-            return Target(str(metric), float(value))
-        except (TypeError, ValueError):
-            return None
-    return None
+    try:
+        return Target.of(raw)
+    except TargetError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -62,20 +59,11 @@ class CellFigures:
     final_loss: float | None  # median of the workers' last training loss
 
 
-def _last_bytes_by(trace: RunTrace, worker: int, t: float) -> int:
-    sent = 0
-    for r in trace.of(worker):
-        if r.t > t:
-            break
-        sent = r.bytes_sent
-    return sent
-
-
 def cell_figures(trace: RunTrace, target: Target | None) -> CellFigures:
     """:class:`CellFigures` of one trace."""
     alive = [w for w in trace.alive if trace.of(w)]
-    tt = run_time_to_target(trace, target) if target is not None and alive else None
-    bt = statistics.mean(_last_bytes_by(trace, w, tt) for w in alive) if tt is not None else None
+    tt = time_to_target(trace, target) if target is not None and alive else None
+    bt = statistics.mean(bytes_by(trace, w, tt) for w in alive) if tt is not None else None
     lasts = [trace.of(w)[-1] for w in alive]
     losses = [next((r.loss for r in reversed(trace.of(w)) if r.loss is not None), None) for w in alive]
     known = [v for v in losses if v is not None]

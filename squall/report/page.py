@@ -47,7 +47,7 @@ from squall.report.plots import (
 )
 from squall.report.programs import RANKS_HEAD, program_sections
 from squall.report.reproduce import matrix_text, reproduce_rows
-from squall.trace import RunTrace, trace_from_json, trace_to_json
+from squall.run_trace import RunTrace, trace_from_json, trace_to_json
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from squall.checks import Validity, Verdict, drift_series
 from squall.checks.drift import owner_drift_series
 from squall.report.compare import Comparison, megabytes
 from squall.report.utilization import Utilization
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 DPI = 110
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 RANKS_HEAD = ["rank", "runs", "ended", "exit code", "restarts", "sent", "received", "logs"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 NOT_RECORDED = "not recorded"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from squall.profiles import ProfileError, load_profile
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 #: A measured utilization off its prediction by more than this (relative) is reported as a finding.
 FINDING: Final = 0.15

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from squall.profiles import LinkSpec, NodeLinkSpec
+
+if TYPE_CHECKING:  # both import this module
+    from squall.shaping.changes import TimedState
+    from squall.shaping.timed import ChangeRun
 
 BACKENDS = ("netem", "nfqueue")
 
@@ -127,7 +131,7 @@ class SchedulingShaper(Shaper, Protocol):
     timeline cannot be applied by changes alone.
     """
 
-    def schedule(self, timeline: Sequence[Any]) -> Any:
+    def schedule(self, timeline: Sequence[TimedState]) -> ChangeRun:
         """Plan, apply the first state, return the prepared run."""
 
 

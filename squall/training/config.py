@@ -108,7 +108,7 @@ class RunConfig:
             batch_size=int(obj.get("batch_size", 32)),
             eval_every=eval_every,
             check_every=None if check is None else int(check),
-            target=Target.parse(obj.get("target")),
+            target=Target.from_mapping(obj.get("target")),
             seed=int(obj.get("seed", default_seed)),
             metrics_every=int(obj.get("metrics_every", 1)),
         )

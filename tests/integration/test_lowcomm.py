@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from squall.experiment.lab import Lab, RunSpec
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 pytestmark = pytest.mark.docker
 

@@ -43,7 +43,7 @@ def test_al_dsgd_on_a_switching_ring_under_wan_5ms_reaches_the_target(lab: Lab) 
         "wan-5ms",
         steps=STEPS,
         seconds=100.0,
-        target={"accuracy": ACCURACY},
+        target=Target("accuracy", ACCURACY),
         lr=0.2,
         batch_size=16,
         config={

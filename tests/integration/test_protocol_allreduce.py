@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from squall.cluster import Cluster
-from squall.trace import build_trace
+from squall.run_trace import build_trace
 
 pytestmark = pytest.mark.docker
 

@@ -70,7 +70,7 @@ def lab(docker_client: Any, worker_image: str) -> Iterator[Lab]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_compressed_protocol_reaches_the_target_under_thin_20mbit(lab: Lab, name: str) -> None:
     args = {**lookup(name).config["algorithm_args"], **CASES[name]}
-    spec = RunSpec(name, PROFILE, steps=STEPS, seconds=SECONDS, target={"accuracy": ACCURACY},
+    spec = RunSpec(name, PROFILE, steps=STEPS, seconds=SECONDS, target=Target("accuracy", ACCURACY),
                    config={"eval_every": 10, "algorithm_args": args})
     trace = lab.run(spec)
     assert not trace.meta["failures"], trace.meta["failures"]

@@ -25,7 +25,7 @@ from squall.checks.drift import EARLY, drift_growth, owner_drift_bounded, owner_
 from squall.experiment.lab import Lab, RunSpec
 from squall.protocols.catalog import lookup
 from squall.protocols.lossy_sgd.protocol import NAME, NORESYNC
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 pytestmark = pytest.mark.docker
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from squall.calibration.observations import Sample
 from squall.calibration.segments import SegmentReport, judge_segment, segments_of, summary_table
 from squall.profiles import LinkSpec, Loss
 from squall.report.plots import configured_series, plot_trace_fidelity
+from squall.run_trace import RunTrace, StepRecord
 from squall.shaping import LinkState, TimedState
-from squall.trace import RunTrace, StepRecord
 
 BASE = Baseline(one_way_mean_us=40.0, one_way_sd_us=10.0, rtt_mean_us=80.0, rtt_sd_us=14.0, samples=300)
 RATE = 500.0

@@ -12,7 +12,7 @@ from squall.claims.registry import ClaimError, evaluate, load_claims
 from squall.experiment.lab import RunSpec
 from squall.experiment.matrix import build_matrix
 from squall.protocols.catalog import PROTOCOLS
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 
 def test_shipped_claims_load_and_name_known_protocols_and_profiles() -> None:
@@ -34,7 +34,7 @@ def test_shipped_claims_load_and_name_known_protocols_and_profiles() -> None:
         ({"speed": 1}, "unknown keys ['speed']"),
         ({"profiles": ["lan", "wan-5ms"]}, "'speedup' takes one profile"),
         ({"run": {"seconds": 1, "warp": 2}}, "run has unknown keys ['warp']"),
-        ({"target": {"metric": "speed", "value": 1}}, "target metric must be"),
+        ({"target": {"metric": "speed", "value": "fast"}}, "target value 'fast'"),
     ],
 )
 def test_bad_claims_are_rejected(tmp_path: Path, edit: dict[str, Any], message: str) -> None:

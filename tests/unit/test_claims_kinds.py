@@ -15,7 +15,7 @@ from squall.claims.registry import ClaimError, evaluate, load_claims
 from squall.experiment.lab import RunSpec
 from squall.protocols.dropcompute.protocol import BASELINE as OFF
 from squall.protocols.dropcompute.protocol import NAME as DC
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 BASE = {"id": "x", "paper": "p", "claim": "c", "paper_figure": "f", "our_setting": "s"}
 

@@ -10,7 +10,7 @@ import pytest
 from squall.claims.kinds import KINDS
 from squall.claims.registry import Claim, evaluate, load_claims
 from squall.experiment.lab import RunSpec
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 IDS = ("arc-t61-aligned-contraction", "arc-t62-heterogeneous-synthetic", "flash-t81-quantized-error",
        "flash-t83-quantized-inference")

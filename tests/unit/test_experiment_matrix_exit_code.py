@@ -5,7 +5,7 @@ from __future__ import annotations
 from squall.checks import Verdict
 from squall.cli.run import matrix_exit_code
 from squall.report.page import CellResult, ClaimResult
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 
 def _cell(*passed: bool | None) -> CellResult:

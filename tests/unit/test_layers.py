@@ -1,7 +1,7 @@
 """The layers of docs/architecture.md hold: every import in ``squall/`` goes down the table.
 
 Every module belongs to one unit: the longest entry of :data:`UNITS` that is a prefix of its
-dotted name (a package such as ``squall.transport``, a module such as ``squall.trace``, or each
+dotted name (a package such as ``squall.transport``, a module such as ``squall.run_trace``, or each
 protocol folder). A unit may import only the units of its own layer and of the layers its row
 allows. Three more rules, checked on the names, not only the packages:
 
@@ -47,6 +47,8 @@ WORKER_BASE = {"wire", "transport", "job interface", "training"}
 #: Bottom to top. "protocol folders" is filled with every folder that has a protocol.py.
 LAYERS: tuple[Layer, ...] = (
     _layer("package root", "worker", {"squall", "squall.record"}),
+    # The one target (figure, direction, value): plain data both sides share; every layer may use it.
+    _layer("target", "worker", {"squall.target"}),
     _layer("wire", "worker", {"squall.wire"}),
     _layer("transport", "worker", {"squall.transport"}, {"wire"}),
     _layer("job interface", "worker", {"squall.job", "squall.programs.lines"}),
@@ -62,7 +64,7 @@ LAYERS: tuple[Layer, ...] = (
     _layer("profiles", "host", {"squall.profiles"}),
     _layer("shaping", "host", {"squall.shaping"}, {"profiles"}),
     _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping"}),
-    _layer("trace", "host", {"squall.trace", "squall.progress"}),
+    _layer("trace", "host", {"squall.run_trace", "squall.progress"}),
     # The checks hold the one validity (pass, fail, unknown) and its merge rule, which calibration uses too.
     _layer("checks", "host", {"squall.checks"}, {"trace"}),
     _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster", "checks"}),
@@ -70,10 +72,11 @@ LAYERS: tuple[Layer, ...] = (
     _layer("timeline", "host", {"squall.experiment.timeline"}, {"profiles", "trace"}),
     _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles", "programs"}),
     _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
-    _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised", "squall.experiment.program"},
+    _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised", "squall.experiment.program",
+                                  "squall.experiment.driver"},
            {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs"}),
     _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity",
-                              "squall.experiment.replay"},
+                              "squall.experiment.replay", "squall.experiment.session"},
            {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog", "programs"}),
     _layer("front", "host", {"squall.cli", "squall.pytest_plugin"},
            {"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix", "report",
@@ -85,7 +88,7 @@ LAYERS: tuple[Layer, ...] = (
 #: the host (patterns are validated on the host before they reach the containers). Everything else
 #: of the worker side runs in the containers.
 HOST_SEES = {"squall.protocols.catalog": "protocol catalog", "squall.job": "protocol catalog",
-             "squall.training": "training",
+             "squall.target": "target", "squall.training": "training",
              "squall.programs.lines": "program lines"}
 
 #: Third-party packages that only some modules (or the packages named) may import.
@@ -158,7 +161,7 @@ def violations() -> list[str]:
             found.append(f"{where}: {here} is in no layer (add it to LAYERS here and to docs/architecture.md)")
             continue
         layer = layer_of[unit]
-        allowed = {layer.name} | layer.may_import | ({"assets"} if layer.side == "host" else set())
+        allowed = {layer.name, "target"} | layer.may_import | ({"assets"} if layer.side == "host" else set())
         if layer.name == "protocol folders":
             allowed.discard("protocol folders")  # each folder stands alone: checked below by name
         for line, module, names in imports(path):
@@ -241,7 +244,7 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     ("squall.experiment.realised", "squall.experiment.realised"),
     ("squall.experiment.replay", "squall.experiment.replay"),
     ("squall.shaping.scheduled", "squall.shaping"),
-    ("squall.profiles.traces", "squall.profiles"),
+    ("squall.profiles.link_traces", "squall.profiles"),
     ("squall.protocols.moshpit.sgd", "squall.protocols.moshpit"),
 ])
 def test_a_module_belongs_to_its_longest_unit(module: str, unit: str) -> None:

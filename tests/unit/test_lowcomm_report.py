@@ -11,7 +11,7 @@ from squall.claims.kinds.base import Claim
 from squall.claims.kinds.lowcomm import bytes_ratio, loss_and_bytes, normalised_peak, peak_bandwidth
 from squall.report.page import CellResult, Results, html_page, markdown
 from squall.report.utilization import emulation_flags, utilization
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 T_C = 0.2
 

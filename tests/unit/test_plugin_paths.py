@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from squall.target import Target
+
 pytest_plugins = ["pytester", "tests.pytester_preload"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,7 +196,7 @@ def test_a_matrix_files_run_section_sets_the_cells_runs_under_the_marker() -> No
 
     cell = Cell("ring", "lan", 4, 0)
     spec = _spec_from(cell, None, Session())  # type: ignore[arg-type]
-    assert (spec.seconds, dict(spec.target), dict(spec.config)) == (7, {"accuracy": 0.8}, {"eval_every": 5})
+    assert (spec.seconds, spec.target, dict(spec.config)) == (7, Target("accuracy", 0.8), {"eval_every": 5})
     marker = pytest.mark.squall(seconds=3, config={"eval_every": 2}).mark
     spec = _spec_from(cell, marker, Session())  # type: ignore[arg-type]
-    assert (spec.seconds, dict(spec.target), dict(spec.config)) == (3, {"accuracy": 0.8}, {"eval_every": 2})
+    assert (spec.seconds, spec.target, dict(spec.config)) == (3, Target("accuracy", 0.8), {"eval_every": 2})

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from squall import record
+from squall.checks.convergence import bytes_to_target, time_to_target
 from squall.checks.verdict import Verdict
 from squall.experiment.matrix import MatrixError, build_matrix
 from squall.programs.lines import (
@@ -21,11 +22,11 @@ from squall.programs.lines import (
     parse_patterns,
     patterns_from_json,
 )
-from squall.programs.result import ProgramResult, bytes_to_target, report_target, result_json, runs_to_json
+from squall.programs.result import ProgramResult, result_json, runs_to_json
 from squall.programs.spec import ProgramError, default_name, program_from_args, program_from_mapping, read_requirements
-from squall.programs.target import ProgramTarget, TargetError
-from squall.programs.verdict import RankRun, judge, time_to_target
-from squall.trace import RunTrace, build_trace
+from squall.programs.verdict import RankRun, judge
+from squall.run_trace import RunTrace, build_trace
+from squall.target import Target, TargetError
 
 
 @pytest.fixture
@@ -121,20 +122,32 @@ def test_a_malformed_log_record_is_refused_with_a_reason(line: str, says: str) -
 
 
 def test_targets_parse_both_directions_and_refuse_anything_else() -> None:
-    t = ProgramTarget.parse(" loss <= 1.2 ")
+    t = Target.parse(" loss <= 1.2 ")
     assert (t.metric, t.op, t.value) == ("loss", "<=", 1.2) and t.met(1.2) and not t.met(1.3)
-    a = ProgramTarget.parse("accuracy>=0.9")
+    a = Target.parse("accuracy>=0.9")
     assert a.met(0.95) and not a.met(0.5) and a.best([0.1, 0.8]) == 0.8 and str(a) == "accuracy>=0.9"
-    for bad in ("loss=1.2", "loss<1.2", "loss<=abc", "<=1", "loss<=nan"):
+    for bad in ("loss<1.2", "loss<=abc", "<=1", "loss<=nan", "loss==1"):
         with pytest.raises(TargetError):
-            ProgramTarget.parse(bad)
+            Target.parse(bad)
 
 
-def test_report_target_only_for_the_figures_and_directions_the_report_knows() -> None:
-    assert report_target(ProgramTarget.parse("loss<=1")) == {"loss": 1.0}
-    assert report_target(ProgramTarget.parse("accuracy>=0.9")) == {"accuracy": 0.9}
-    assert report_target(ProgramTarget.parse("loss>=1")) is None
-    assert report_target(ProgramTarget.parse("error<=1e-6")) is None
+def test_a_target_without_a_direction_takes_the_figures_usual_one() -> None:
+    assert Target.parse("accuracy=0.9") == Target("accuracy", 0.9, ">=") == Target("accuracy", 0.9)
+    assert Target.parse("loss=1.2") == Target("loss", 1.2, "<=") == Target("loss", 1.2)
+    assert Target.parse("error>=1e-6").op == ">="  # said explicitly: kept
+
+
+@pytest.mark.parametrize("spelling", ["accuracy>=0.9", {"accuracy": 0.9}, {"metric": "accuracy", "value": 0.9},
+                                      Target("accuracy", 0.9)])
+def test_every_spelling_of_a_target_reads_the_same(spelling: object) -> None:
+    target = Target.of(spelling)  # type: ignore[arg-type]
+    assert target == Target("accuracy", 0.9, ">=") and Target.of(target.to_mapping()) == target
+
+
+@pytest.mark.parametrize("bad", [{"accuracy": "high"}, {"a": 1, "b": 2}, 0.9, {"metric": "loss", "value": True}])
+def test_a_malformed_target_is_refused_with_what_is_allowed(bad: object) -> None:
+    with pytest.raises(TargetError):
+        Target.of(bad)  # type: ignore[arg-type]
 
 
 # -- specs -----------------------------------------------------------------------------------------
@@ -152,7 +165,7 @@ def test_a_program_from_the_command_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("kwargs", "says"), [
     ({"metrics": ["loss"]}, "--metric: 'loss': expected NAME=REGEX"),
-    ({"target": "loss=1"}, "--target: 'loss=1': expected NAME<=NUMBER"),
+    ({"target": "loss<1"}, "--target: 'loss<1': expected NAME<=NUMBER"),
     ({"workdir": "nope"}, "--workdir: .*nope is not a directory"),
     ({"requirements": "missing.txt"}, "--requirements: cannot read"),
     ({"pip": ["-e ."]}, "only requirement specifiers"),
@@ -228,7 +241,7 @@ def test_a_matrix_takes_programs_beside_protocols(tmp_path: Path) -> None:
 
 def _trace(per_rank: list[list[dict[str, object]]], survivors: tuple[int, ...] = (), links: object = ()) -> RunTrace:
     return build_trace(protocol="p", profile="lan", seed=0, backend="nfqueue", per_worker=per_rank, start_wall=100.0,
-                       survivors=survivors, meta={"program": {"links": list(links)}})  # type: ignore[call-overload]
+                       survivors=survivors, meta={"links": list(links)})  # type: ignore[call-overload]
 
 
 def _records(*points: tuple[float, float]) -> list[dict[str, object]]:
@@ -236,7 +249,7 @@ def _records(*points: tuple[float, float]) -> list[dict[str, object]]:
 
 
 OK = [RankRun(r, 0, "exited", 0, 10.0) for r in range(2)]
-LOSS = ProgramTarget.parse("loss<=1.0")
+LOSS = Target.parse("loss<=1.0")
 
 
 def test_a_failed_rank_fails_the_run_with_its_rank_code_and_stderr() -> None:
@@ -256,7 +269,7 @@ def test_with_a_target_never_read_is_unknown_reached_is_pass_else_fail() -> None
     assert reached.passed is True and reached.measured == pytest.approx(2.0)  # t = 0 at the first record
     short = judge(_trace([_records((1, 2.0), (3, 0.9)), _records((2, 1.5))]), OK, target=LOSS)
     assert short.passed is False and "rank 1 best 1.5" in short.why
-    other = ProgramTarget.parse("acc>=0.5")
+    other = Target.parse("acc>=0.5")
     assert judge(_trace([[{"step": 1, "wall": 101.0, "acc": 0.6}]] * 2), OK, target=other).passed is True
 
 
@@ -288,7 +301,7 @@ def test_the_json_object_has_what_the_issue_asks() -> None:
     runs = [RankRun(0, 0, "exited", 0, 5.0, logs="/l/rank0"), RankRun(1, 0, "exited", 0, 5.0, logs="/l/rank1")]
     links = [[0, 1, 1000, 10, 0], [1, 0, 200, 5, 1]]
     trace = build_trace(protocol="ddp", profile="thin-20mbit", seed=0, backend="nfqueue", per_worker=per,
-                        start_wall=100.0, meta={"program": {"runs": runs_to_json(runs), "links": links,
+                        start_wall=100.0, meta={"links": links, "program": {"runs": runs_to_json(runs),
                                                             "spec": {"metrics": {"loss": "loss (\\S+)"}}}})
     verdict = judge(trace, runs, target=LOSS)
     obj = result_json(trace, verdict, target=LOSS)
@@ -298,7 +311,7 @@ def test_the_json_object_has_what_the_issue_asks() -> None:
     assert obj["bytes_sent"] == [1000, 200] and obj["bytes_received"] == [200, 1000]
     assert obj["metrics"]["loss"][0] == {"rank": 0, "t": 0.0, "value": 2.0, "step": 1}
     assert obj["time_to_target_s"] == pytest.approx(2.0) and obj["bytes_to_target"] == [300, 50]
-    assert bytes_to_target(trace, ProgramTarget.parse("loss<=0.1")) == [None, None]
+    assert bytes_to_target(trace, Target.parse("loss<=0.1")) == [None, None]
     json.dumps(obj)  # plain data
     result = ProgramResult(trace, verdict, LOSS, tuple(runs))
     assert result.values("loss", rank=0) == [2.0, 0.9] and result.bytes_sent == [1000, 200]

@@ -31,7 +31,7 @@ from squall.progress import (
     eta_s,
     training_text,
 )
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 
 class FakeClock:

@@ -15,7 +15,7 @@ from squall.checks.drift import (
     owner_drift_grows,
     owner_drift_series,
 )
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 OWNERS = 4
 

@@ -20,7 +20,7 @@ import torch
 
 from squall.checks import drift_bounded
 from squall.protocols.swarm import SwarmOptions, SwarmTrainer
-from squall.trace import build_trace
+from squall.run_trace import build_trace
 from squall.training import LoopConfig, LrSchedule, TrainResult, make_task
 from squall.training.device import DeviceModel
 from squall.training.tasks import LeastSquares, Task

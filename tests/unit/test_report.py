@@ -8,7 +8,7 @@ from pathlib import Path
 
 from squall.checks import Verdict
 from squall.report.page import CellResult, ClaimResult, Results, load_results, markdown, write_report
-from squall.trace import ChurnMark, RunTrace, StepRecord
+from squall.run_trace import ChurnMark, RunTrace, StepRecord
 
 
 def synthetic_trace(protocol: str, profile: str, speed: float) -> RunTrace:

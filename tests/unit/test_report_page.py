@@ -26,7 +26,7 @@ from squall.report import provenance
 from squall.report.compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, html_page, load_results, markdown, write_report
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 from squall.training.run.records import RESERVED
 
 PROFILES = ("lan", "wan-50ms-100mbit", "lossy-1pct")

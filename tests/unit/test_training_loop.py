@@ -170,7 +170,7 @@ def test_records_have_every_field_and_projections_agree_exactly_when_params_do()
 
 def test_records_feed_the_harness_trace_and_show_drift_only_without_averaging() -> None:
     from squall.checks.drift import drift_series
-    from squall.trace import build_trace
+    from squall.run_trace import build_trace
 
     task = make_task("logreg_digits", sharding="label")
     config = LoopConfig(lr=LrSchedule(0.5), steps=30, eval_every=10)
@@ -215,7 +215,7 @@ def test_device_slowdown_without_step_time_multiplies_real_compute() -> None:
 
 def test_target_stops_every_rank_at_the_same_step() -> None:
     task = make_task("logreg_digits")
-    config = LoopConfig(lr=LrSchedule(0.5), steps=1000, eval_every=10, target=Target.parse({"accuracy": 0.8}))
+    config = LoopConfig(lr=LrSchedule(0.5), steps=1000, eval_every=10, target=Target.from_mapping({"accuracy": 0.8}))
     results, _ = run_ranks(task, lambda t: AllReduceSGD(exact_reducer(t)), config)
     assert {r.stopped_by for r in results} == {"target"}
     assert len({r.steps for r in results}) == 1 and results[0].steps < 1000
@@ -233,14 +233,14 @@ def test_time_budget_is_agreed_even_when_ranks_run_at_different_speeds() -> None
 
 
 def test_target_parsing_and_direction() -> None:
-    assert Target.parse(None) is None and Target.parse({}) is None
-    acc = Target.parse({"accuracy": 0.9})
-    loss = Target.parse({"metric": "loss", "value": 0.3})
+    assert Target.from_mapping(None) is None and Target.from_mapping({}) is None
+    acc = Target.from_mapping({"accuracy": 0.9})
+    loss = Target.from_mapping({"metric": "loss", "value": 0.3})
     assert acc is not None and loss is not None
     assert acc.reached({"accuracy": 0.95}) and not acc.reached({"accuracy": 0.85}) and not acc.reached({})
     assert loss.reached({"loss": 0.2}) and not loss.reached({"loss": 0.4})
     with pytest.raises(ValueError):
-        Target.parse({"accuracy": 0.9, "loss": 0.1})
+        Target.from_mapping({"accuracy": 0.9, "loss": 0.1})
 
 
 def test_loop_config_validation() -> None:

@@ -3,7 +3,7 @@
 Each training protocol runs a few steps in process (the lock-step loop that the all-reduce family,
 gossip, PS and MATCHA run; the gloo baseline, which runs that loop over torch.distributed;
 SwarmSGD's driver; Moshpit SGD's loop). Their records must carry the same fields, apart from the
-protocol's own ``stats()`` fields, and :mod:`squall.trace` must read the same values from each.
+protocol's own ``stats()`` fields, and :mod:`squall.run_trace` must read the same values from each.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from squall.protocols.moshpit import MoshpitAverager
 from squall.protocols.moshpit.options import MoshpitOptions
 from squall.protocols.moshpit.sgd import MoshpitTrainer
 from squall.protocols.swarm import SwarmOptions, SwarmTrainer
-from squall.trace import RECORD_FIELDS, build_trace, load_jsonl
+from squall.run_trace import RECORD_FIELDS, build_trace, load_jsonl
 from squall.training.algorithms.base import Algorithm
 from squall.training.fingerprint import Projector
 from squall.training.loop import train

@@ -1,4 +1,4 @@
-"""Which shipped profiles give a link scope a ``trace:`` (issue 29, ``squall/profiles/traces.py``)."""
+"""Which shipped profiles give a link scope a ``trace:`` (issue 29, ``squall/profiles/link_traces.py``)."""
 
 from __future__ import annotations
 

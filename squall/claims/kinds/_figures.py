@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from squall.trace import RunTrace, StepRecord
+from squall.run_trace import RunTrace, StepRecord
 
 
 def steps_from(trace: RunTrace, first: int) -> list[StepRecord]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from squall.checks import Target, Verdict
 from squall.experiment.lab import RunSpec
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 #: Runs one spec on a cluster of ``workers`` and returns its trace (the plugin's ``squall_run``, or a Lab).
 Runner = Callable[[RunSpec, int], RunTrace]
@@ -62,8 +62,7 @@ class Claim:
             run.setdefault("seconds", None)  # a step budget alone: no time budget cuts it short
         if config:
             run["config"] = {**dict(run.get("config") or {}), **config}
-        target = {self.target.metric: self.target.value} if self.target is not None else {}
-        return RunSpec(protocol=protocol, profile=profile, seed=seed, target=target, **run)
+        return RunSpec(protocol=protocol, profile=profile, seed=seed, target=self.target, **run)
 
     @property
     def names(self) -> tuple[str, ...]:

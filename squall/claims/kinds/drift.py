@@ -23,7 +23,7 @@ from squall.checks import Validity, Verdict, merge
 from squall.checks.drift import analytic_bound, owner_drift_bounded, owner_drift_grows
 from squall.claims.kinds._figures import final_accuracy, summaries
 from squall.claims.kinds.base import Claim, ClaimKind, Runner
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 
 def measured_loss(trace: RunTrace) -> float | None:

@@ -31,7 +31,7 @@ from typing import Any
 from squall.checks import Verdict
 from squall.claims.kinds._figures import summaries
 from squall.claims.kinds.base import Claim, ClaimKind, Runner, interleaved
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 COUNTERS = ("transport",)
 _RUNS = frozenset({"slow", "profiles", "workers", "seeds", "run"})

@@ -20,7 +20,7 @@ from typing import Any
 from squall.checks import Verdict
 from squall.claims.kinds._figures import summary_values
 from squall.claims.kinds.base import Claim, ClaimKind, Runner, interleaved
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 DEFAULTS: dict[str, Any] = {"max_rel": 0.05, "window": 0.1, "points": [0.25, 0.5, 0.75, 1.0]}
 

@@ -39,7 +39,7 @@ from typing import Any
 from squall.checks import Verdict
 from squall.claims.kinds._figures import final_accuracy, mean_extra, median, steps_from, summary_values
 from squall.claims.kinds.base import Claim, ClaimKind, Runner, interleaved
-from squall.trace import RunTrace
+from squall.run_trace import RunTrace
 
 _PAIR = frozenset({"fast", "slow", "profiles", "workers", "seeds", "run"})
 

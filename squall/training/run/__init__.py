@@ -10,7 +10,7 @@ drives its own steps and hands everything else to a :class:`Driver`:
 * :mod:`.result`: :class:`TrainResult` and its summary, the end record's fields;
 * :mod:`.driver`: :class:`Driver`, which puts them together for one rank.
 
-``squall/trace.py`` reads exactly this record format.
+``squall/run_trace.py`` reads exactly this record format.
 """
 
 from __future__ import annotations

@@ -2,41 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from squall.target import HIGHER_IS_BETTER, Target
 from squall.training.optim import LrSchedule
 
-#: Evaluation scores where larger is better; a target on any other score is met from below.
-HIGHER_IS_BETTER = frozenset({"accuracy"})
-
-
-@dataclass(frozen=True)
-class Target:
-    """Stop once an evaluation score reaches a value: ``accuracy >= value``, anything else ``<= value``."""
-
-    metric: str  # a key of Task.evaluate()'s result: "accuracy", "loss", "perplexity", "distance", ...
-    value: float  # the threshold
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any] | None) -> Target | None:
-        """``{"accuracy": 0.9}`` or ``{"metric": "loss", "value": 0.3}``; None or ``{}`` for no target."""
-        if not obj:
-            return None
-        if set(obj) == {"metric", "value"}:
-            return cls(str(obj["metric"]), float(obj["value"]))
-        if len(obj) != 1:
-            raise ValueError(f"target must name one metric, got {dict(obj)!r}")
-        ((metric, value),) = obj.items()
-        return cls(str(metric), float(value))
-
-    def reached(self, scores: Mapping[str, float]) -> bool:
-        """True when ``scores`` meet the target (False when they lack the metric)."""
-        if self.metric not in scores:
-            return False
-        score = scores[self.metric]
-        return score >= self.value if self.metric in HIGHER_IS_BETTER else score <= self.value
+__all__ = ["HIGHER_IS_BETTER", "LoopConfig", "Target"]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: Figures a record keeps in fields of their own; every other figure is in its ``extra``.
+NAMED_FIGURES = ("loss", "eval_loss", "accuracy")
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -30,6 +33,13 @@ class StepRecord:
     param_hash: str = ""  # hash of the parameter bytes
     norm: float | None = None  # parameter norm
     extra: Mapping[str, float] = field(default_factory=dict)  # every other numeric field (step_s, drop_rate...)
+
+    def figure(self, name: str) -> float | None:
+        """The figure ``name``: a named field of the record (:data:`NAMED_FIGURES`), else one of its extras."""
+        if name in NAMED_FIGURES:
+            value: float | None = getattr(self, name)
+            return value
+        return self.extra.get(name)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 
 from squall.profiles import ChurnKind, Loss, ProfileError, load_profile, parse_profile
 from squall.profiles.availability import parse_availability
-from squall.profiles.traces import MAX_TRACE_BYTES, MAX_TRACE_ROWS, MIN_STEP_US, parse_trace
+from squall.profiles.link_traces import MAX_TRACE_BYTES, MAX_TRACE_ROWS, MIN_STEP_US, parse_trace
 
 GOOD_CSV = b"time,delay,rate,loss\n0s,20ms,25mbit,1%\n1s,5ms,100mbit,0%\n2.5s,100ms,10mbit,0.5%\n"
 
