@@ -7,12 +7,15 @@ everything else stays in the JSONL files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from squall.run_meta import RunMeta
 
 #: Figures a record keeps in fields of their own; every other figure is in its ``extra``.
 NAMED_FIGURES = ("loss", "eval_loss", "accuracy")
@@ -63,7 +66,7 @@ class RunTrace:
     records: tuple[StepRecord, ...]  # every worker's steps, in time order
     churn: tuple[ChurnMark, ...] = ()  # churn applied during the run
     survivors: tuple[int, ...] = ()  # workers alive at the end (default: all)
-    meta: Mapping[str, Any] = field(default_factory=dict)  # anything else (task, lr, durations)
+    meta: RunMeta = field(default_factory=RunMeta)  # everything else the run recorded (budget, timeline, links...)
 
     def of(self, worker: int) -> list[StepRecord]:
         """One worker's records in time order."""
@@ -124,18 +127,18 @@ def step_records(worker: int, records: Iterable[Mapping[str, Any]], start_wall: 
 def build_trace(*, protocol: str, profile: str, seed: int, backend: str,
                 per_worker: Sequence[Sequence[Mapping[str, Any]]], start_wall: float,
                 churn: Sequence[ChurnMark] = (), survivors: Sequence[int] = (),
-                meta: Mapping[str, Any] | None = None) -> RunTrace:
+                meta: RunMeta | None = None) -> RunTrace:
     """A :class:`RunTrace` from each worker's decoded metrics records (index = worker).
 
     ``t = 0`` is when training started: the earliest first step record of any worker (the shared
     loop writes it right after its start barrier). Process start-up before that (fork, imports,
     loading data: seconds when 8 workers share 2 cores) is not training time and would blur every
-    time-to-target; it is kept in ``meta["startup_s"]``. Without step records, ``start_wall`` is t = 0.
+    time-to-target; it is kept in ``meta.startup_s``. Without step records, ``start_wall`` is t = 0.
     """
     firsts = [w for recs in per_worker for w in [_first_wall(recs)] if w is not None]
     train_start = min(firsts) if firsts else start_wall
     offset = train_start - start_wall
-    meta = {**dict(meta or {}), "startup_s": round(offset, 3)}
+    meta = dataclasses.replace(meta or RunMeta(), startup_s=round(offset, 3))
     churn = [ChurnMark(c.t - offset, c.kind, c.nodes) for c in churn]  # churn times were from start_wall
     start_wall = train_start
     records = [r for w, recs in enumerate(per_worker) for r in step_records(w, recs, start_wall)]
@@ -174,7 +177,7 @@ def trace_to_json(trace: RunTrace) -> dict[str, Any]:
     """Plain data for results files (the inverse of :func:`trace_from_json`)."""
     return {
         "protocol": trace.protocol, "profile": trace.profile, "workers": trace.workers, "seed": trace.seed,
-        "backend": trace.backend, "survivors": list(trace.survivors), "meta": dict(trace.meta),
+        "backend": trace.backend, "survivors": list(trace.survivors), "meta": trace.meta.to_json(),
         "churn": [[c.t, c.kind, list(c.nodes)] for c in trace.churn],
         "records": [[r.worker, r.step, r.t, r.loss, r.eval_loss, r.accuracy, r.bytes_sent, list(r.projection),
                      r.param_hash, r.norm, dict(r.extra)] for r in trace.records],
@@ -190,4 +193,4 @@ def trace_from_json(obj: Mapping[str, Any]) -> RunTrace:
     churn = tuple(ChurnMark(float(t), str(k), tuple(n)) for t, k, n in obj.get("churn", []))
     return RunTrace(protocol=obj["protocol"], profile=obj["profile"], workers=int(obj["workers"]),
                     seed=int(obj["seed"]), backend=obj["backend"], records=records, churn=churn,
-                    survivors=tuple(obj.get("survivors", [])), meta=dict(obj.get("meta", {})))
+                    survivors=tuple(obj.get("survivors", [])), meta=RunMeta.from_json(obj.get("meta")))

@@ -110,7 +110,7 @@ def summary(cid: str, trace: RunTrace, verdict: Verdict, target: Target | None, 
         lines.append(f"  {name:<15} last per rank: {shown}")
     lines.append(f"  bytes sent      {_mb(sum(res['bytes_sent']))} in all (kernel counters, IP bytes)")
     lines.append(f"  {verdict.line()}")
-    lines.append(f"  ({total_s:.1f} s in all, {trace.meta.get('startup_s', 0)} s before the first figure)")
+    lines.append(f"  ({total_s:.1f} s in all, {trace.meta.startup_s} s before the first figure)")
     return "\n".join(lines)
 
 

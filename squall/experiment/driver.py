@@ -19,6 +19,7 @@ Whatever a cell runs, the same steps happen in the same order, here and nowhere 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -34,11 +35,12 @@ from squall.experiment.realised import change_records, churn_records, replayed
 from squall.experiment.timeline import Action, TimelineRunner, plan_timeline
 from squall.profiles import Profile
 from squall.progress import Observer
+from squall.run_meta import LinkCount, RunMeta
 from squall.run_trace import RunTrace, build_trace
 from squall.shaping import NotInPlace, Shaper, TimedState, link_timeline
 from squall.shaping.base import LinkCounters, SchedulingShaper
-from squall.shaping.scheduled import Applied
-from squall.shaping.timed import ChangeRun
+from squall.shaping.clock.change_run import ChangeRun
+from squall.shaping.clock.sender import Applied
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ class Ended:
     survivors: list[int]  # nodes whose last run survived
     failures: list[str]  # one line per failed run of a rank
     rejoined: list[int]  # nodes whose job was started again after a restart
-    meta: dict[str, Any] = field(default_factory=dict)  # what only this workload records
+    meta: RunMeta = field(default_factory=RunMeta)  # what only this workload records (the driver adds the rest)
 
 
 class Workload(Protocol):
@@ -291,12 +293,12 @@ def drive(cell: Cell, workload: Workload) -> Driven:
     lateness = [c["lateness_s"] for c in realised["changes"][1:]] + [t - a.at_s for a, t in timeline.done
                                                                      if a.kind != "reshape"]
     n = len(cluster.nodes)
-    meta = {"budget_s": cell.seconds, "failures": ended.failures, "timeline_lateness_s": lateness,
-            "timeline": realised, "profile_source": profile.source, "seed": cell.seed, "rejoined": ended.rejoined,
-            "engine": cluster.engine, "placement": [cluster.placement().get(i, "?") for i in range(n)],
-            "clock_offsets_s": cluster.clock_offsets(),
-            "links": [[s, d, c.bytes, c.packets, c.dropped] for (s, d), c in sorted(final.links.items())],
-            **ended.meta}
+    meta = dataclasses.replace(
+        ended.meta, budget_s=ended.meta.budget_s if ended.meta.budget_s is not None else cell.seconds,
+        failures=tuple(ended.failures), timeline_lateness_s=tuple(lateness), timeline=realised,
+        profile_source=profile.source, seed=cell.seed, rejoined=tuple(ended.rejoined), engine=cluster.engine,
+        placement=tuple(cluster.placement().get(i, "?") for i in range(n)), clock_offsets_s=cluster.clock_offsets(),
+        links=tuple(LinkCount(s, d, c.bytes, c.packets, c.dropped) for (s, d), c in sorted(final.links.items())))
     trace = build_trace(protocol=workload.label, profile=profile.name, seed=cell.seed, backend=shaper.backend,
                         per_worker=ended.per_worker, start_wall=start_wall, churn=timeline.marks,
                         survivors=ended.survivors, meta=meta)

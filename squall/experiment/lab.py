@@ -30,6 +30,7 @@ from squall.experiment.timeline import Action
 from squall.profiles import load_profile
 from squall.progress import Observer, Quiet
 from squall.protocols.catalog import lookup
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace
 from squall.shaping import Shaper, TimedState
 from squall.target import Target
@@ -270,8 +271,8 @@ class ProtocolWorkload:
             down = _all_down(self._cluster) if self._cluster is not None else ""
             raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node{down}:\n  "
                                   + "\n  ".join(r.describe() for r in results))
-        meta = {"task": spec.task, "lr": spec.lr, "batch_size": spec.batch_size, "budget_s": spec.seconds,
-                "budget_steps": spec.steps, "summaries": [r.value for r in results]}
+        meta = RunMeta(task=spec.task, lr=spec.lr, batch_size=spec.batch_size, budget_s=spec.seconds,
+                       budget_steps=spec.steps, summaries=tuple(r.value for r in results))
         return Ended(per_worker=[[rec for r in runs for rec in r.metrics()] for runs in lives], survivors=survivors,
                      failures=[r.describe() for runs in lives for r in runs if not r.ok],
                      rejoined=sorted({r.node for r in later}), meta=meta)

@@ -40,9 +40,9 @@ from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
 from squall.experiment.lab import PROGRAM_MOUNT, Lab
 from squall.experiment.timeline import Action
-from squall.programs.result import META_KEY, runs_to_json
 from squall.programs.spec import ProgramSpec
 from squall.programs.verdict import RankRun
+from squall.run_meta import ProgramMeta, RunMeta
 from squall.run_trace import RunTrace, load_jsonl
 from squall.shaping.base import LinkCounters
 
@@ -264,14 +264,13 @@ class ProgramWorkload:
         last = {r.rank: r for r in runs}
         survivors = [r for r in range(n) if r in last and last[r].state not in ("killed", "lost")]
         start_wall = counters.samples[0][0]
-        samples = [[round(w - start_wall, 3), [c.sent(r) for r in range(n)]] for w, c in counters.samples]
-        meta = {META_KEY: {"spec": self.program.to_json(), "runs": runs_to_json(runs), "samples": samples,
-                           "duration_s": round(time.monotonic() - supervisor.start_time, 3),
-                           "budget_s": self.seconds,
-                           "stopped_after_failure_s": None if supervisor.failed_at is None
-                           else round(supervisor.failed_at - supervisor.start_time, 3),
-                           "counter_errors": counters.errors[:5]},
-                "bytes_source": "kernel (the shaping backend's per-link counters)"}
+        samples = tuple((round(w - start_wall, 3), tuple(c.sent(r) for r in range(n))) for w, c in counters.samples)
+        program = ProgramMeta(spec=self.program.to_json(), runs=runs, samples=samples,
+                              duration_s=round(time.monotonic() - supervisor.start_time, 3), budget_s=self.seconds,
+                              stopped_after_failure_s=None if supervisor.failed_at is None
+                              else round(supervisor.failed_at - supervisor.start_time, 3),
+                              counter_errors=tuple(counters.errors[:5]))
+        meta = RunMeta(program=program, bytes_source="kernel (the shaping backend's per-link counters)")
         self.runs = runs
         return Ended(per_worker=per_rank, survivors=survivors, failures=[r.describe() for r in runs if r.failed],
                      rejoined=sorted({r.rank for r in runs if r.restart}), meta=meta)

@@ -10,14 +10,13 @@ today; the devices and the training come from the same profile file, seed and se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from squall.experiment.lab import RunSpec
 from squall.experiment.realised import ReplayError
 from squall.report.page import RESULTS_FILE, load_results
+from squall.run_meta import RunMeta
 
 
 @dataclass(frozen=True)
@@ -29,16 +28,15 @@ class RecordedCell:
     spec: RunSpec  # protocol, profile, seed, settings and the recorded timeline
 
 
-def _spec(meta: Mapping[str, Any], protocol: str, profile: str, seed: int) -> RunSpec:
-    timeline = meta.get("timeline")
-    if not isinstance(timeline, Mapping):
+def _spec(meta: RunMeta, protocol: str, profile: str, seed: int) -> RunSpec:
+    if not meta.timeline.get("changes"):
         raise ReplayError("no realised timeline was recorded (a run from before timelines were recorded?)")
-    source = meta.get("profile_source")
-    where = str(source) if isinstance(source, str) and Path(source).is_file() else profile
-    return RunSpec(protocol=protocol, profile=where, seed=int(meta.get("seed", seed)),
-                   task=str(meta.get("task", "logreg_digits")), steps=meta.get("budget_steps"),
-                   seconds=meta.get("budget_s"), lr=float(meta.get("lr", 0.5)),
-                   batch_size=int(meta.get("batch_size", 32)), replay=timeline)
+    source = meta.profile_source
+    where = source if source and Path(source).is_file() else profile
+    return RunSpec(protocol=protocol, profile=where, seed=meta.seed if meta.seed is not None else seed,
+                   task=meta.task or "logreg_digits", steps=meta.budget_steps, seconds=meta.budget_s,
+                   lr=meta.lr if meta.lr is not None else 0.5,
+                   batch_size=meta.batch_size if meta.batch_size is not None else 32, replay=meta.timeline)
 
 
 def recorded_cells(directory: Path) -> list[RecordedCell]:

@@ -171,4 +171,4 @@ class Session:
 def _with_segments(trace: RunTrace, segments: dict[str, Any] | None) -> RunTrace:
     if segments is None:
         return trace
-    return dataclasses.replace(trace, meta={**trace.meta, "segments": segments})
+    return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, segments=segments))

@@ -3,13 +3,13 @@
 The trace of a program's run is an ordinary :class:`~squall.run_trace.RunTrace` (its records are the
 figures read from stdout and ``squall.log``; each record's ``bytes_sent`` is the rank's kernel count
 at that moment), so the report's tables and plots work as for a protocol. What only a program has
-lives in ``trace.meta["program"]`` (:data:`META_KEY`): the command, every rank's runs, the link-by-link
-byte matrix, and where each rank's logs are.
+lives in ``trace.meta.program`` (:class:`~squall.run_meta.ProgramMeta`): the command, every rank's runs
+and where each rank's logs are; every cell's link-by-link byte matrix is in ``trace.meta.links``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,61 +20,8 @@ from squall.programs.verdict import RankRun, last_runs
 from squall.run_trace import RunTrace
 from squall.target import Target
 
-META_KEY = "program"
 VERDICTS = {True: "pass", False: "fail", None: "unknown"}
 LINK_FIELDS = ("src", "dst", "bytes", "packets", "dropped")
-
-
-def runs_to_json(runs: Sequence[RankRun]) -> list[dict[str, Any]]:
-    """Every rank's runs as plain data."""
-    return [{"rank": r.rank, "restart": r.restart, "state": r.state, "exit_code": r.exit_code,
-             "duration_s": r.duration_s, "stderr_tail": list(r.stderr_tail), "logs": r.logs, "ended_s": r.ended_s}
-            for r in runs]
-
-
-def runs_from_json(rows: Any) -> list[RankRun]:
-    """The inverse of :func:`runs_to_json` (rows that are not runs are skipped)."""
-    out = []
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, Mapping):
-            out.append(RankRun(int(row["rank"]), int(row.get("restart", 0)), str(row["state"]), row.get("exit_code"),
-                               row.get("duration_s"), tuple(row.get("stderr_tail") or ()), str(row.get("logs", "")),
-                               row.get("ended_s")))
-    return out
-
-
-def program_meta(trace: RunTrace) -> Mapping[str, Any] | None:
-    """``trace.meta["program"]`` when the trace is a program's run, else None."""
-    meta = trace.meta.get(META_KEY)
-    return meta if isinstance(meta, Mapping) else None
-
-
-def link_rows(meta: Mapping[str, Any]) -> list[tuple[int, int, int, int, int]]:
-    """``(src, dst, bytes, packets, dropped)`` of every directed link of a run (its trace's meta)."""
-    rows = []
-    for row in meta.get("links") or []:
-        if isinstance(row, list | tuple) and len(row) == len(LINK_FIELDS):
-            src, dst, size, packets, dropped = (int(v) for v in row)
-            rows.append((src, dst, size, packets, dropped))
-    return rows
-
-
-def bytes_sent(meta: Mapping[str, Any], workers: int) -> list[int]:
-    """Bytes each rank sent (sum of its outgoing links)."""
-    sent = [0] * workers
-    for src, _, size, _, _ in link_rows(meta):
-        if 0 <= src < workers:
-            sent[src] += size
-    return sent
-
-
-def bytes_received(meta: Mapping[str, Any], workers: int) -> list[int]:
-    """Bytes each rank received (sum of its incoming links)."""
-    got = [0] * workers
-    for _, dst, size, _, _ in link_rows(meta):
-        if 0 <= dst < workers:
-            got[dst] += size
-    return got
 
 
 def metric_series(trace: RunTrace, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
@@ -101,32 +48,33 @@ def figure_names(trace: RunTrace, patterns: Sequence[str]) -> list[str]:
 def result_json(trace: RunTrace, verdict: Verdict, *, target: Target | None,
                 report: str | None = None) -> dict[str, Any]:
     """The object ``squall run --json -- COMMAND`` prints (see docs/your-own-program.md)."""
-    meta = program_meta(trace) or {}
-    runs = runs_from_json(meta.get("runs"))
+    program = trace.meta.program
+    runs = list(program.runs) if program is not None else []
     last = last_runs(runs)
     restarts = {r: max(x.restart for x in runs if x.rank == r) for r in last}
-    patterns = list((meta.get("spec") or {}).get("metrics") or {})
+    spec = dict(program.spec) if program is not None else {}
+    patterns = list(spec.get("metrics") or {})
     ttt = time_to_target(trace, target) if target is not None else None
     return {
         "verdict": VERDICTS[verdict.passed],
         "why": verdict.why,
-        "program": meta.get("spec"),
+        "program": spec or None,
         "profile": trace.profile,
         "backend": trace.backend,
         "workers": trace.workers,
         "ranks": [{"rank": r, "exit_code": run.exit_code, "state": run.state, "restarts": restarts[r],
                    "logs": run.logs} for r, run in sorted(last.items())],
-        "bytes_sent": bytes_sent(trace.meta, trace.workers),
-        "bytes_received": bytes_received(trace.meta, trace.workers),
-        "links": [dict(zip(LINK_FIELDS, row, strict=True)) for row in link_rows(trace.meta)],
+        "bytes_sent": trace.meta.sent(trace.workers),
+        "bytes_received": trace.meta.received(trace.workers),
+        "links": [dict(zip(LINK_FIELDS, link.to_json(), strict=True)) for link in trace.meta.links],
         "metrics": metric_series(trace, figure_names(trace, patterns)),
         "target": str(target) if target is not None else None,
         "time_to_target_s": None if ttt is None else round(ttt, 3),
         "rank_time_to_target_s": [rank_time_to_target(trace, target, r) for r in range(trace.workers)]
         if target is not None else None,
         "bytes_to_target": bytes_to_target(trace, target) if target is not None else None,
-        "duration_s": meta.get("duration_s"),
-        "startup_s": trace.meta.get("startup_s"),
+        "duration_s": program.duration_s if program is not None else None,
+        "startup_s": trace.meta.startup_s,
         "report": report,
     }
 
@@ -157,12 +105,12 @@ class ProgramResult:
     @property
     def bytes_sent(self) -> list[int]:
         """Bytes each rank sent over the whole run, counted in the kernel."""
-        return bytes_sent(self.trace.meta, self.trace.workers)
+        return self.trace.meta.sent(self.trace.workers)
 
     @property
     def links(self) -> list[tuple[int, int, int, int, int]]:
         """``(src, dst, bytes, packets, dropped)`` of every directed link."""
-        return link_rows(self.trace.meta)
+        return [(link.src, link.dst, link.bytes, link.packets, link.dropped) for link in self.trace.meta.links]
 
     @property
     def time_to_target_s(self) -> float | None:

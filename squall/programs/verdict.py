@@ -16,61 +16,16 @@ A program is never passed by accident: a figure that was never read is ``unknown
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from squall.checks.convergence import best_value, time_to_target
 from squall.checks.verdict import Verdict
+from squall.run_meta import STATES, RankRun
 from squall.run_trace import RunTrace
 from squall.target import Target
 
 CHECK = "program"
-#: How one run of one rank ended.
-STATES = {
-    "exited": "exited by itself (see the exit code)",
-    "budget": "still running at the end of its budget: stopped (SIGTERM, then SIGKILL)",
-    "stopped": "stopped because another rank failed",
-    "killed": "its container was killed by the profile's churn",
-    "lost": "its agent went away (the container died) without churn to explain it",
-    "error": "could not be started",
-}
 
-
-@dataclass(frozen=True)
-class RankRun:
-    """One run of one rank (a rank restarted by churn has several)."""
-
-    rank: int  # the rank (= worker index)
-    restart: int  # 0 for the first start, then 1, 2... (TORCHELASTIC_RESTART_COUNT)
-    state: str  # one of STATES
-    exit_code: int | None  # the program's exit code when it exited by itself or was stopped
-    duration_s: float | None  # how long it ran
-    stderr_tail: tuple[str, ...] = ()  # its last lines of stderr
-    logs: str = ""  # the folder holding its stdout.txt, stderr.txt and out/
-    ended_s: float | None = None  # seconds after the run started that the host saw it end
-
-    def __post_init__(self) -> None:
-        if self.state not in STATES:
-            raise ValueError(f"rank state {self.state!r}; allowed: {sorted(STATES)}")
-
-    @property
-    def failed(self) -> bool:
-        """Whether this run is a failure of the program (not of the network's churn, not a stop by Squall)."""
-        return (self.state == "exited" and self.exit_code != 0) or self.state in ("error", "lost")
-
-    def describe(self) -> str:
-        """``rank 2 exited with exit code 1; last lines of its stderr: ...``."""
-        what = {"exited": f"exited with {_code(self.exit_code)}", "error": "could not be started",
-                "lost": "was lost (its container went away)", "budget": "was still running at its budget",
-                "stopped": "was stopped after another rank failed", "killed": "was killed by churn"}[self.state]
-        again = f" (restart {self.restart})" if self.restart else ""
-        tail = " | ".join(self.stderr_tail[-5:])
-        return f"rank {self.rank}{again} {what}" + (f"; last lines of its stderr: {tail}" if tail else "")
-
-
-def _code(code: int | None) -> str:
-    if code is None:
-        return "no exit code"
-    return f"signal {-code}" if code < 0 else f"exit code {code}"
+__all__ = ["CHECK", "STATES", "RankRun", "judge", "last_runs"]
 
 
 def last_runs(runs: Sequence[RankRun]) -> dict[int, RankRun]:

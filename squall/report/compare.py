@@ -154,11 +154,10 @@ def _numbers(mapping: Mapping[str, Any]) -> dict[str, float]:
 
 def own_fields(trace: RunTrace) -> dict[str, float]:
     """The protocol's own numeric figures of one run, each the median over surviving workers: the end
-    summaries' fields first (``trace.meta["summaries"]``), else the last step record's extras."""
+    summaries' fields first (``trace.meta.summaries``), else the last step record's extras."""
     per_worker: list[dict[str, float]] = []
-    summaries = trace.meta.get("summaries")
-    if isinstance(summaries, list):
-        per_worker = [_numbers(s) for s in summaries if isinstance(s, Mapping)]
+    if trace.meta.summaries:
+        per_worker = [_numbers(s) for s in trace.meta.summaries if isinstance(s, Mapping)]
     steps = [_numbers(trace.of(w)[-1].extra) for w in trace.alive if trace.of(w)]
     names = sorted({k for d in [*per_worker, *steps] for k in d})
     out = {}

@@ -396,9 +396,8 @@ def _html_compare(view: _View) -> list[str]:
     parts.append(_img("Drift between workers", plot_drift(traces)))
     parts.append(_img("Drift from the owners", plot_owner_drift(traces)))
     for cell in cells:  # runs whose links changed: the trace as applied, the measured segments, the loss
-        segments = cell.trace.meta.get("segments") if isinstance(cell.trace.meta, Mapping) else None
         parts.append(_img(f"Links over time: {cell.cell_id}",
-                          plot_trace_fidelity(cell.trace, segments if isinstance(segments, Mapping) else None)))
+                          plot_trace_fidelity(cell.trace, cell.trace.meta.segments)))
     used = utilization.utilizations(traces)
     if used:
         parts += ["<h3>Compute utilization</h3>", f"<p>{html.escape(UTILIZATION_TEXT)}</p>",

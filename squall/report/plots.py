@@ -285,8 +285,8 @@ def plot_trace_fidelity(trace: RunTrace, segments: Mapping[str, Any] | None = No
     with the measured delay and rate of each judged segment (``segments``: a segment calibration's
     :meth:`~squall.calibration.segments.SegmentReport.to_dict`) as points on the same time axis;
     right: the run's training loss against time (median over workers). None without a timeline."""
-    timeline = trace.meta.get("timeline") if isinstance(trace.meta, Mapping) else None
-    if not isinstance(timeline, Mapping) or len(timeline.get("changes", [])) < 2:
+    timeline = trace.meta.timeline
+    if len(timeline.get("changes", [])) < 2:
         return None
     label = f"{link[0]}->{link[1]}"
     end = float(timeline.get("duration_s", trace.duration) or trace.duration)

@@ -2,34 +2,18 @@
 
 A program's cell is an ordinary trace (its figures, each with the bytes its rank had sent), so the
 summary, the comparison at the target and the plots treat it like a protocol. Its
-``meta["program"]`` (written by :mod:`squall.experiment.program`) adds what only a program has: each
-rank's runs (how each ended, its exit code, restarts after churn, where its logs are) and every
-directed link's bytes, packets and drops counted in the kernel. Plain data in, table rows out.
+``meta.program`` (written by :mod:`squall.experiment.program`) adds what only a program has: each
+rank's runs (how each ended, its exit code, restarts after churn, where its logs are); every cell's
+``meta.links`` holds each directed link's bytes, packets and drops counted in the kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from squall.run_trace import RunTrace
 
 RANKS_HEAD = ["rank", "runs", "ended", "exit code", "restarts", "sent", "received", "logs"]
-
-
-def program_of(trace: RunTrace) -> Mapping[str, Any] | None:
-    """The program part of a trace's meta, or None for a protocol's trace."""
-    meta = trace.meta.get("program")
-    return meta if isinstance(meta, Mapping) else None
-
-
-def _links(meta: Mapping[str, Any]) -> list[tuple[int, int, int, int, int]]:
-    rows = []
-    for row in meta.get("links") or []:
-        if isinstance(row, list | tuple) and len(row) == 5:
-            src, dst, size, packets, dropped = (int(v) for v in row)
-            rows.append((src, dst, size, packets, dropped))
-    return rows
 
 
 def _mb(n: float) -> str:
@@ -38,24 +22,21 @@ def _mb(n: float) -> str:
 
 def ranks_rows(trace: RunTrace) -> list[list[str]]:
     """One row per rank: its runs, how the last ended, its exit code, restarts, bytes sent and received, logs."""
-    meta = program_of(trace) or {}
-    links = _links(meta)
-    runs = [r for r in meta.get("runs") or [] if isinstance(r, Mapping)]
+    runs = trace.meta.program.runs if trace.meta.program is not None else ()
+    sent, got = trace.meta.sent(trace.workers), trace.meta.received(trace.workers)
     rows = []
     for rank in range(trace.workers):
-        mine = sorted((r for r in runs if r.get("rank") == rank), key=lambda r: int(r.get("restart", 0)))
-        last = mine[-1] if mine else {}
-        sent = sum(size for src, _, size, _, _ in links if src == rank)
-        got = sum(size for _, dst, size, _, _ in links if dst == rank)
-        rows.append([str(rank), str(len(mine)), str(last.get("state", "-")), str(last.get("exit_code", "-")),
-                     str(max(0, len(mine) - 1)), _mb(sent), _mb(got), str(last.get("logs", "-"))])
+        mine = sorted((r for r in runs if r.rank == rank), key=lambda r: r.restart)
+        last = mine[-1] if mine else None
+        rows.append([str(rank), str(len(mine)), last.state if last else "-",
+                     str(last.exit_code) if last else "-", str(max(0, len(mine) - 1)), _mb(sent[rank]), _mb(got[rank]),
+                     last.logs if last else "-"])
     return rows
 
 
 def link_matrix(trace: RunTrace) -> tuple[list[str], list[list[str]]]:
     """Bytes per directed link as a matrix (row: sender, column: receiver), with drops where there were any."""
-    meta = program_of(trace) or {}
-    cells: dict[tuple[int, int], tuple[int, int, int]] = {(s, d): (b, p, x) for s, d, b, p, x in _links(meta)}
+    cells = {(link.src, link.dst): (link.bytes, link.packets, link.dropped) for link in trace.meta.links}
     head = ["from \\ to", *(str(d) for d in range(trace.workers))]
     rows = []
     for src in range(trace.workers):
@@ -82,10 +63,10 @@ def program_sections(cells: Sequence[tuple[str, RunTrace]]) -> list[tuple[str, s
     """Per program cell: (cell id, command, ranks rows, link matrix, restart lines)."""
     out = []
     for cell_id, trace in cells:
-        meta = program_of(trace)
-        if meta is None:
+        program = trace.meta.program
+        if program is None:
             continue
-        spec = meta.get("spec") or {}
+        spec = program.spec
         command = " ".join(str(w) for w in spec.get("command") or [])
         out.append((cell_id, command, ranks_rows(trace), link_matrix(trace), restart_marks(trace)))
     return out

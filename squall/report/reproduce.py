@@ -75,8 +75,8 @@ def reproduce_rows(meta: Mapping[str, Any], traces: Sequence[RunTrace]) -> list[
     if prov.get("dirty"):
         commit += " (with local changes)"
     backends = sorted({t.backend for t in traces}) or [str(meta.get("shaping backend", NOT_RECORDED))]
-    configs = sorted({words({k: v for k, v in t.meta.items() if k in ("task", "lr", "batch_size", "budget_s",
-                                                                       "budget_steps")}) for t in traces})
+    configs = sorted({words({k: getattr(t.meta, k) for k in ("task", "lr", "batch_size", "budget_s", "budget_steps")
+                             if getattr(t.meta, k) is not None}) for t in traces})
     return [
         ("command", get("command")),
         ("working directory", get("cwd")),

@@ -88,7 +88,7 @@ class Utilization:
 
 
 def _summaries(trace: RunTrace) -> list[Mapping[str, Any]]:
-    return [s for s in trace.meta.get("summaries", []) if isinstance(s, Mapping)]
+    return [s for s in trace.meta.summaries if isinstance(s, Mapping)]
 
 
 def _link(profile: str, workers: int) -> tuple[float | None, int | None]:

@@ -29,7 +29,7 @@ from squall.calibration.runner import calibrate, calibration_spec
 from squall.calibration.stalls import TOO_BUSY
 from squall.checks.verdict import Validity
 from squall.cluster import Cluster
-from squall.shaping.lan import BridgedLan
+from squall.shaping.testnet.bridged_lan import BridgedLan
 from tests.timing import CpuBurners, bench_lock
 
 logger = logging.getLogger(__name__)

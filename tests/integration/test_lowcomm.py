@@ -45,7 +45,7 @@ def run(lab: Lab, protocol: str, args: dict[str, Any], **config: Any) -> RunTrac
                    config={"task_args": TASK_ARGS, "eval_every": STEPS, "algorithm_args": algorithm_args,
                            "device": {"step_time_s": STEP_TIME_S}, **config})
     trace = lab.run(spec)
-    assert not trace.meta["failures"], trace.meta["failures"]
+    assert not trace.meta.failures, trace.meta.failures
     return trace
 
 
@@ -53,14 +53,14 @@ def loop_bytes(trace: RunTrace, worker: int) -> int:
     """Bytes the worker's transport counted from the first step record (after the start barrier) to the end."""
     first = min((r for r in trace.of(worker)), key=lambda r: r.step)
     assert first.step == 0
-    return int(trace.meta["summaries"][worker]["bytes_sent"]) - first.bytes_sent
+    return int(trace.meta.summaries[worker]["bytes_sent"]) - first.bytes_sent
 
 
 @pytest.mark.parametrize("protocol", list(CASES))
 def test_protocol_trains_in_containers_and_sends_exactly_its_formula(lab: Lab, protocol: str) -> None:
     args, same = CASES[protocol]
     trace = run(lab, protocol, args)
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     hashes = {s["param_hash"] for s in summaries}
     assert (len(hashes) == 1) == same, hashes
     for worker, s in enumerate(summaries):
@@ -78,7 +78,7 @@ def test_protocol_trains_in_containers_and_sends_exactly_its_formula(lab: Lab, p
 def test_an_emulated_payload_pads_the_synchronised_state(lab: Lab) -> None:
     payload = {"params": "1M", "dtype": "bf16"}
     trace = run(lab, "diloco", {"sync_every": 4}, payload=payload)
-    for worker, s in enumerate(trace.meta["summaries"]):
+    for worker, s in enumerate(trace.meta.summaries):
         assert s["payload"]["params"] == 1_000_000 and s["payload"]["bytes"] == 2_000_000
         assert s["avg_wire_bytes"] == 2_000_000  # the whole (padded) model per outer step, in bf16
         assert loop_bytes(trace, worker) == s["avg_bytes_total"] > 3 * 2 * (WORKERS - 1) / WORKERS * 2_000_000

@@ -30,13 +30,13 @@ import pytest
 
 from squall.calibration import stalls
 from squall.calibration.stats import interquartile_range
-from squall.shaping.echo_probe import ProbeResult, probe, realtime
-from squall.shaping.lan import PROBE_PRIORITY
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
 from squall.shaping.nfqueue.errors import DaemonDied
 from squall.shaping.nfqueue.launcher import DaemonProcess
-from squall.shaping.testbed import Testbed
+from squall.shaping.testnet.bridged_lan import PROBE_PRIORITY
+from squall.shaping.testnet.echo_probe import ProbeResult, probe, realtime
+from squall.shaping.testnet.veth_pairs import Testbed
 from tests.timing import StallCanary, assert_delay_without_stalls, retrying
 
 logger = logging.getLogger(__name__)

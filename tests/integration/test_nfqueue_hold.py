@@ -1,6 +1,6 @@
 """The nfqueue backend holds packets on the bridge: the receiver's kernel sees the delay; nothing is left.
 
-* In plain namespaces (:class:`~squall.shaping.lan.BridgedLan`, its bridge in namespace "sw"): the
+* In plain namespaces (:class:`~squall.shaping.testnet.bridged_lan.BridgedLan`, its bridge in namespace "sw"): the
   receiver's *kernel* receive timestamp (``SO_TIMESTAMPNS``) of a datagram is the configured delay
   after its send time (the namespaces share ``CLOCK_REALTIME``), which a hold in the receiver's
   ``PREROUTING`` could not give; the run's chain sits in the bridge's namespace, not in the hosts;
@@ -31,11 +31,11 @@ from squall.cluster.gc import leftover_is_stale
 from squall.cluster.ownership import Owner
 from squall.profiles import LinkSpec
 from squall.shaping import LinkState
-from squall.shaping.iptables import normalize_save
-from squall.shaping.lan import BridgedLan
+from squall.shaping.kernel.iptables import normalize_save
 from squall.shaping.nfqueue import hold, hold_plan, leftovers
 from squall.shaping.nfqueue.backend import NfqueueShaper
 from squall.shaping.nfqueue.hold_plan import HoldRule
+from squall.shaping.testnet.bridged_lan import BridgedLan
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and iptables"),

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from squall.shaping.echo_probe import probe
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.errors import RulesError
 from squall.shaping.nfqueue.rules import SourceRule
-from squall.shaping.testbed import Testbed
+from squall.shaping.testnet.echo_probe import probe
+from squall.shaping.testnet.veth_pairs import Testbed
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and iptables"),

@@ -53,7 +53,7 @@ def test_al_dsgd_on_a_switching_ring_under_wan_5ms_reaches_the_target(lab: Lab) 
         },
     )
     trace = lab.run(spec)
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     assert len(summaries) == WORKERS and {s["stopped_by"] for s in summaries} == {"target"}, \
         [(s["stopped_by"], s["steps"], s["final_eval"]) for s in summaries]
     verdict = converged(trace, Target("accuracy", ACCURACY))

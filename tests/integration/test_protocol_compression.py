@@ -73,10 +73,10 @@ def test_compressed_protocol_reaches_the_target_under_thin_20mbit(lab: Lab, name
     spec = RunSpec(name, PROFILE, steps=STEPS, seconds=SECONDS, target=Target("accuracy", ACCURACY),
                    config={"eval_every": 10, "algorithm_args": args})
     trace = lab.run(spec)
-    assert not trace.meta["failures"], trace.meta["failures"]
+    assert not trace.meta.failures, trace.meta.failures
     verdict = converged(trace, Target("accuracy", ACCURACY))
     assert verdict.passed, verdict.line()
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     assert len({s["param_hash"] for s in summaries}) == 1, [s["param_hash"] for s in summaries]
     for rank, s in enumerate(summaries):
         steps, sent = s["steps"], s["bytes_sent"]

@@ -72,8 +72,8 @@ def run(lab: Lab, steps: int, algorithm_args: Mapping[str, Any], profile: str = 
     spec = RunSpec(NAME, profile, seed=SEED, steps=steps, seconds=None, lr=0.5, batch_size=32,
                    config={**BASE, "algorithm_args": dict(algorithm_args)})
     trace = lab.run(spec)
-    assert not trace.meta["failures"], trace.meta["failures"]
-    summaries: list[dict[str, Any]] = sorted(trace.meta["summaries"], key=lambda s: s["rank"])
+    assert not trace.meta.failures, trace.meta.failures
+    summaries: list[dict[str, Any]] = sorted(trace.meta.summaries, key=lambda s: s["rank"])
     assert [s["steps"] for s in summaries] == [steps] * WORKERS
     return summaries
 

@@ -62,12 +62,12 @@ def traces(docker_client: Any, worker_image: str) -> Iterator[Mapping[str, tuple
 
 
 def final_accuracy(trace: RunTrace) -> float:
-    return statistics.fmean(s["final_eval"]["accuracy"] for s in trace.meta["summaries"])
+    return statistics.fmean(s["final_eval"]["accuracy"] for s in trace.meta.summaries)
 
 
 def measured_loss(trace: RunTrace) -> tuple[float, int]:
     """1 - received / sent over every directed link, from the end records' datagram counters."""
-    summaries = {s["rank"]: s for s in trace.meta["summaries"]}
+    summaries = {s["rank"]: s for s in trace.meta.summaries}
     sent = sum(summaries[i]["sent_to"][j] for i in summaries for j in summaries if i != j)
     received = sum(summaries[j]["received_from"][i] for i in summaries for j in summaries if i != j)
     return 1 - received / sent, sent
@@ -75,12 +75,12 @@ def measured_loss(trace: RunTrace) -> tuple[float, int]:
 
 def test_lossy_sgd_trains_with_bounded_drift_on_real_loss(traces: Mapping[str, tuple[RunTrace, float]]) -> None:
     trace, seconds = traces["lossy"]
-    assert not trace.meta["failures"], trace.meta["failures"]
+    assert not trace.meta.failures, trace.meta.failures
     verdict = converged(trace, Target("accuracy", ACCURACY))
     assert verdict.passed, verdict.line()
     drift = owner_drift_bounded(trace, max_growth=MAX_GROWTH)
     assert drift.passed, drift.line()
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     assert all(s["steps"] == STEPS for s in summaries)
     for reason in ("malformed", "foreign", "not_mine", "future", "duplicate"):
         counts = [s[f"dropped_{reason}"] for s in summaries]
@@ -97,7 +97,7 @@ def test_lossy_sgd_trains_with_bounded_drift_on_real_loss(traces: Mapping[str, t
 def test_noresync_control_drifts(traces: Mapping[str, tuple[RunTrace, float]]) -> None:
     lossy, _ = traces["lossy"]
     trace, seconds = traces["noresync"]
-    assert not trace.meta["failures"], trace.meta["failures"]
+    assert not trace.meta.failures, trace.meta.failures
     control = drift_growth(owner_drift_series(trace), mid=EARLY)  # from the first quarter (see EARLY)
     resync = drift_growth(owner_drift_series(lossy))
     assert control is not None and resync is not None
@@ -110,6 +110,6 @@ def test_noresync_control_drifts(traces: Mapping[str, tuple[RunTrace, float]]) -
 def test_lossy_accuracy_close_to_lossless(traces: Mapping[str, tuple[RunTrace, float]]) -> None:
     lossy, lossless = final_accuracy(traces["lossy"][0]), final_accuracy(traces["lossless"][0])
     assert abs(lossy - lossless) <= ACCURACY_GAP, (lossy, lossless)
-    summaries = traces["lossless"][0].meta["summaries"]
+    summaries = traces["lossless"][0].meta.summaries
     assert all(s["missed_fraction"] <= 0.01 for s in summaries), [s["missed_fraction"] for s in summaries]
     logger.info("accuracy lossy %.4f, lossless %.4f", lossy, lossless)

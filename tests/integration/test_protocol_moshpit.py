@@ -103,11 +103,11 @@ def test_moshpit_sgd_under_preemptible_reaches_the_target_and_a_restarted_peer_r
     marks = {c.kind: c for c in trace.churn if 5 in c.nodes}
     kills = [c for c in trace.churn if c.kind == "kill"]
     assert [n for c in kills for n in c.nodes] == KILLED, trace.churn  # the seeded timeline
-    assert trace.meta["rejoined"] == RESTARTED, trace.meta["failures"]
-    assert set(trace.survivors) == set(range(WORKERS)), trace.meta["failures"]  # node 5's second run too
+    assert trace.meta.rejoined == RESTARTED, trace.meta.failures
+    assert set(trace.survivors) == set(range(WORKERS)), trace.meta.failures  # node 5's second run too
     verdict = converged(trace, Target("accuracy", ACCURACY))  # every surviving worker, node 5 included
     assert verdict.passed, verdict.why
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     brief = {i: (s["rounds_ok"], s["rounds_skipped"], s["steps"], s["stopped_by"], s["elapsed_s"])
              for i, s in enumerate(summaries)}
     assert all(brief[i][0] > 10 for i in brief if i not in KILLED), brief

@@ -78,10 +78,10 @@ def test_each_variant_reaches_the_target_and_counts_every_sample(lab: Lab, profi
     spec = RunSpec(name, str(profile), seed=SEED, seconds=SECONDS, target=Target("accuracy", 0.9), lr=0.5,
                    batch_size=8 * MICROBATCHES, config={"eval_every": 5, "timeout": 20})
     trace = lab.run(spec)
-    assert not trace.meta["failures"], trace.meta["failures"]
+    assert not trace.meta.failures, trace.meta.failures
     verdict = converged(trace, TARGET, budget_s=SECONDS)
     assert verdict.passed, verdict.line()
-    summaries = sorted(trace.meta["summaries"], key=lambda s: s["rank"])
+    summaries = sorted(trace.meta.summaries, key=lambda s: s["rank"])
     steps = {s["steps"] for s in summaries}
     assert len(steps) == 1, steps  # lock-step
     (n,) = steps

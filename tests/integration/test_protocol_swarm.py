@@ -26,13 +26,13 @@ GRID_POINTS = 60  # drift sampled every ~0.13 s: steadier thirds than the defaul
 def test_swarm_sgd_converges_on_wan_5ms_with_bounded_drift(docker_client: Any, worker_image: str) -> None:
     with Lab(workers=WORKERS) as lab:
         trace = lab.run(RunSpec("swarm", "wan-5ms", seconds=SECONDS, config={"eval_every": 5}))
-    failures = trace.meta["failures"]
+    failures = trace.meta.failures
     assert not failures, failures
     verdict = converged(trace, TARGET, budget_s=SECONDS)
     assert verdict.passed, verdict.line()
     drift = drift_bounded(trace, DRIFT_BOUND, max_growth=MAX_GROWTH, points=GRID_POINTS)
     assert drift.passed, drift.line()
-    summaries = trace.meta["summaries"]
+    summaries = trace.meta.summaries
     assert all(s["stopped_by"] == "seconds" for s in summaries)
     assert all(s["swarm_completed"] > 0 and s["swarm_answered"] > 0 for s in summaries)
     mean_bits = statistics.fmean(s["swarm_mean_bits"] for s in summaries)

@@ -41,10 +41,10 @@ from squall.cluster import Cluster
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
 from squall.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
 from squall.shaping.base import LinkCount
-from squall.shaping.echo_probe import ProbeResult
-from squall.shaping.iptables import normalize_save
-from squall.shaping.lan import BridgedLan
+from squall.shaping.kernel.iptables import normalize_save
 from squall.shaping.nfqueue.backend import NfqueueShaper
+from squall.shaping.testnet.bridged_lan import BridgedLan
+from squall.shaping.testnet.echo_probe import ProbeResult
 from tests.timing import assert_delay_without_stalls, retrying
 
 pytestmark = [

@@ -51,7 +51,7 @@ from squall.cluster import Cluster
 from squall.profiles import Profile, profile_from_data
 from squall.shaping import LinkState, Shaper, link_timeline, netem_probe, open_shaper, state_at
 from squall.shaping.base import SchedulingShaper
-from squall.shaping.timed import ChangeRun
+from squall.shaping.clock.change_run import ChangeRun
 from tests import kernel_clients
 from tests.timing import StallCanary, canary_bound_us, judged
 

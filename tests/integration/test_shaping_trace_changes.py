@@ -28,7 +28,7 @@ from squall.cluster import Cluster
 from squall.profiles import Profile, load_profile
 from squall.shaping import Shaper, link_timeline, netem_probe, open_shaper
 from squall.shaping.base import SchedulingShaper
-from squall.shaping.ops import peer_minor
+from squall.shaping.planning.ops import peer_minor
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

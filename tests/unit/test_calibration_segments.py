@@ -9,6 +9,7 @@ from squall.calibration.observations import Sample
 from squall.calibration.segments import SegmentReport, judge_segment, segments_of, summary_table
 from squall.profiles import LinkSpec, Loss
 from squall.report.plots import configured_series, plot_trace_fidelity
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace, StepRecord
 from squall.shaping import LinkState, TimedState
 
@@ -90,7 +91,7 @@ def test_the_plot_draws_the_configured_trace_and_the_loss() -> None:
                                                                  "settings": {"delay_us": 5000, "rate_bps": None}}]}]}
     assert configured_series(timeline, "0->1", "delay_us") == ([0.0, 2.001], [20000.0, 5000.0])
     records = tuple(StepRecord(w, s, s * 0.1, loss=1.0 / (s + 1)) for w in range(2) for s in range(40))
-    trace = RunTrace("ring", "p", 2, 0, "nfqueue", records, meta={"timeline": timeline})
+    trace = RunTrace("ring", "p", 2, 0, "nfqueue", records, meta=RunMeta.from_json({"timeline": timeline}))
     segments = {"segments": [{"index": 0, "start_s": 0.0, "end_s": 2.0}],
                 "checks": [{"segment": 0, "metric": "delay", "measured": 20.1, "verdict": "passed"}]}
     assert plot_trace_fidelity(trace, segments)

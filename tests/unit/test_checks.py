@@ -189,7 +189,7 @@ def test_build_trace_aligns_workers_on_the_shared_clock_and_skips_junk() -> None
                     churn=marks)
     # t = 0 is when training started (the first step record), not when the job was dispatched
     assert [(r.worker, r.t) for r in t.records] == [(1, pytest.approx(0.0)), (0, pytest.approx(0.3))]
-    assert t.meta["startup_s"] == pytest.approx(0.2) and t.churn[0].t == pytest.approx(1.0)
+    assert t.meta.startup_s == pytest.approx(0.2) and t.churn[0].t == pytest.approx(1.0)
     assert t.of(0)[0].projection == (1.0, 2.0) and t.of(1)[0].param_hash == "ab"
     assert t.of(1)[0].loss is None and t.of(1)[0].accuracy == 0.5  # NaN is not a value
 

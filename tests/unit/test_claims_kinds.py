@@ -15,6 +15,7 @@ from squall.claims.registry import ClaimError, evaluate, load_claims
 from squall.experiment.lab import RunSpec
 from squall.protocols.dropcompute.protocol import BASELINE as OFF
 from squall.protocols.dropcompute.protocol import NAME as DC
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace, StepRecord
 
 BASE = {"id": "x", "paper": "p", "claim": "c", "paper_figure": "f", "our_setting": "s"}
@@ -64,7 +65,7 @@ def _trace(spec: RunSpec, workers: int, *, step_s: float, phases: list[float], m
                                           "microbatch_s": micro, "drop_rate": drop}))
     summaries = [{"global_drop_rate": drop, "micro_batches": 8, **(summary or {})} for _ in range(workers)]
     return RunTrace(spec.protocol, spec.profile, workers, spec.seed, "nfqueue", tuple(recs),
-                    meta={"summaries": summaries})
+                    meta=RunMeta.from_json({"summaries": summaries}))
 
 
 def test_straggler_robustness_reads_step_time_drop_and_accuracy(tmp_path: Path) -> None:
@@ -154,7 +155,7 @@ def test_loss_per_sample_compares_at_equal_samples_and_checks_epochs(tmp_path: P
             per = 16 if spec.protocol == NONBLOCKING else 32  # non-blocking: half the samples per step
             recs = tuple(StepRecord(w, k, 0.1 * k, loss=(scale if spec.protocol == NONBLOCKING else 1.0) / (k * per),
                                     extra={"nb_samples": k * per}) for k in range(1, 41) for w in range(workers))
-            meta = {"summaries": [{"nb_epoch_sizes": epochs} for _ in range(workers)]}
+            meta = RunMeta(summaries=tuple({"nb_epoch_sizes": epochs} for _ in range(workers)))
             return RunTrace(spec.protocol, spec.profile, workers, spec.seed, "nfqueue", recs, meta=meta)
         return run
 

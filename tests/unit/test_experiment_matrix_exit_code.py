@@ -5,12 +5,13 @@ from __future__ import annotations
 from squall.checks import Verdict
 from squall.cli.run import matrix_exit_code
 from squall.report.page import CellResult, ClaimResult
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace
 
 
 def _cell(*passed: bool | None) -> CellResult:
     trace = RunTrace(protocol="ring", profile="lan", workers=4, seed=0, backend="nfqueue", records=(), churn=(),
-                     survivors=(0, 1, 2, 3), meta={})
+                     survivors=(0, 1, 2, 3), meta=RunMeta.from_json({}))
     return CellResult("ring-lan-w4", trace, tuple(Verdict("converged", p, 1.0, ">= 0.9", "why") for p in passed))
 
 

@@ -64,7 +64,7 @@ LAYERS: tuple[Layer, ...] = (
     _layer("profiles", "host", {"squall.profiles"}),
     _layer("shaping", "host", {"squall.shaping"}, {"profiles"}),
     _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping"}),
-    _layer("trace", "host", {"squall.run_trace", "squall.progress"}),
+    _layer("trace", "host", {"squall.run_trace", "squall.run_meta", "squall.progress"}),
     # The checks hold the one validity (pass, fail, unknown) and its merge rule, which calibration uses too.
     _layer("checks", "host", {"squall.checks"}, {"trace"}),
     _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster", "checks"}),
@@ -243,7 +243,7 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
     ("squall.experiment.lab", "squall.experiment.lab"),
     ("squall.experiment.realised", "squall.experiment.realised"),
     ("squall.experiment.replay", "squall.experiment.replay"),
-    ("squall.shaping.scheduled", "squall.shaping"),
+    ("squall.shaping.clock.sender", "squall.shaping"),
     ("squall.profiles.link_traces", "squall.profiles"),
     ("squall.protocols.moshpit.sgd", "squall.protocols.moshpit"),
 ])

@@ -11,6 +11,7 @@ from squall.claims.kinds.base import Claim
 from squall.claims.kinds.lowcomm import bytes_ratio, loss_and_bytes, normalised_peak, peak_bandwidth
 from squall.report.page import CellResult, Results, html_page, markdown
 from squall.report.utilization import emulation_flags, utilization
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace, StepRecord
 
 T_C = 0.2
@@ -33,7 +34,8 @@ def trace(protocol: str, *, period: int, comm_every: float, steps: int, profile:
                           "final_eval": {"loss": loss}, "avg_every": period, "overlap_steps": overlap,
                           "avg_link_bytes": link, "avg_hops": hops,
                           "device": {"step_time_s": T_C, "valid": valid, "overrun_s": 0.0 if valid else 3.0}})
-    return RunTrace(protocol, profile, workers, seed, "nfqueue", tuple(records), meta={"summaries": summaries})
+    return RunTrace(protocol, profile, workers, seed, "nfqueue", tuple(records),
+                    meta=RunMeta(summaries=tuple(summaries)))
 
 
 def test_utilization_is_measured_over_whole_periods_and_predicted_by_alpha_beta() -> None:
@@ -56,7 +58,7 @@ def test_overlap_hides_communication_up_to_tau_steps() -> None:
 
 def test_runs_without_an_emulated_device_have_no_utilization() -> None:
     t = trace("ddp_adamw", period=1, comm_every=0.1, steps=5)
-    for s in t.meta["summaries"]:
+    for s in t.meta.summaries:
         del s["device"]
     assert utilization(t) is None
 

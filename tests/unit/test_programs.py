@@ -22,9 +22,10 @@ from squall.programs.lines import (
     parse_patterns,
     patterns_from_json,
 )
-from squall.programs.result import ProgramResult, result_json, runs_to_json
+from squall.programs.result import ProgramResult, result_json
 from squall.programs.spec import ProgramError, default_name, program_from_args, program_from_mapping, read_requirements
 from squall.programs.verdict import RankRun, judge
+from squall.run_meta import LinkCount, ProgramMeta, RunMeta
 from squall.run_trace import RunTrace, build_trace
 from squall.target import Target, TargetError
 
@@ -239,9 +240,9 @@ def test_a_matrix_takes_programs_beside_protocols(tmp_path: Path) -> None:
 # -- the verdict -----------------------------------------------------------------------------------
 
 
-def _trace(per_rank: list[list[dict[str, object]]], survivors: tuple[int, ...] = (), links: object = ()) -> RunTrace:
+def _trace(per_rank: list[list[dict[str, object]]], survivors: tuple[int, ...] = ()) -> RunTrace:
     return build_trace(protocol="p", profile="lan", seed=0, backend="nfqueue", per_worker=per_rank, start_wall=100.0,
-                       survivors=survivors, meta={"links": list(links)})  # type: ignore[call-overload]
+                       survivors=survivors)
 
 
 def _records(*points: tuple[float, float]) -> list[dict[str, object]]:
@@ -300,9 +301,10 @@ def test_the_json_object_has_what_the_issue_asks() -> None:
            [{"step": 1, "wall": 101.5, "loss": 0.5, "bytes_sent": 50}]]
     runs = [RankRun(0, 0, "exited", 0, 5.0, logs="/l/rank0"), RankRun(1, 0, "exited", 0, 5.0, logs="/l/rank1")]
     links = [[0, 1, 1000, 10, 0], [1, 0, 200, 5, 1]]
+    meta = RunMeta(links=tuple(LinkCount.from_json(row) for row in links),
+                   program=ProgramMeta(spec={"metrics": {"loss": "loss (\\S+)"}}, runs=tuple(runs)))
     trace = build_trace(protocol="ddp", profile="thin-20mbit", seed=0, backend="nfqueue", per_worker=per,
-                        start_wall=100.0, meta={"links": links, "program": {"runs": runs_to_json(runs),
-                                                            "spec": {"metrics": {"loss": "loss (\\S+)"}}}})
+                        start_wall=100.0, meta=meta)
     verdict = judge(trace, runs, target=LOSS)
     obj = result_json(trace, verdict, target=LOSS)
     assert obj["verdict"] == "pass" and obj["profile"] == "thin-20mbit" and obj["backend"] == "nfqueue"

@@ -26,6 +26,7 @@ from squall.report import provenance
 from squall.report.compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
 from squall.report.network import describe_profiles
 from squall.report.page import CellResult, Results, html_page, load_results, markdown, write_report
+from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace, StepRecord
 from squall.training.run.records import RESERVED
 
@@ -54,8 +55,8 @@ def synthetic_trace(protocol: str, profile: str, seed: int) -> RunTrace:
                   "compute_s": 1.0, "bytes_sent": 1, "param_hash": "ab", "norm": 1.0, "projection": [1.0],
                   **{k: v + w for k, v in OWN[protocol].items()}} for w in range(WORKERS)]
     return RunTrace(protocol, profile, WORKERS, seed, "netem", tuple(sorted(recs, key=lambda r: (r.t, r.worker))),
-                    meta={"task": "logreg_digits", "lr": 0.5, "batch_size": 32, "budget_s": 20.0,
-                          "summaries": summaries})
+                    meta=RunMeta.from_json({"task": "logreg_digits", "lr": 0.5, "batch_size": 32, "budget_s": 20.0,
+                          "summaries": summaries}))
 
 
 def calibration() -> list[dict[str, Any]]:

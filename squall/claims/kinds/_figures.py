@@ -33,8 +33,8 @@ def final_accuracy(trace: RunTrace) -> float | None:
 
 
 def summaries(trace: RunTrace) -> list[Mapping[str, Any]]:
-    """The end records' summaries of the workers that finished (``meta["summaries"]``)."""
-    return [s for s in trace.meta.get("summaries", []) if isinstance(s, Mapping)]
+    """The end records' summaries of the workers that finished (``meta.summaries``)."""
+    return [s for s in trace.meta.summaries if isinstance(s, Mapping)]
 
 
 def summary_values(trace: RunTrace, key: str) -> list[Any]:

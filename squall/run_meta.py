@@ -1,0 +1,204 @@
+"""What a run records besides its step records: one frozen type, read by name, written to results files.
+
+Every cell (a protocol's or a program's) carries a :class:`RunMeta` in its
+:class:`~squall.run_trace.RunTrace`: the budget, the timeline as it was realised, the links' kernel
+counts, where each node ran, and what went wrong. A program's run adds a :class:`ProgramMeta` (its
+command, every rank's runs, the bytes it had sent second by second). :meth:`RunMeta.to_json` and
+:meth:`RunMeta.from_json` round-trip through ``results.json``; a key a newer Squall wrote and this one
+does not know is kept in :attr:`RunMeta.extra`, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: How one run of one rank of a program ended.
+STATES = {
+    "exited": "exited by itself (see the exit code)",
+    "budget": "still running at the end of its budget: stopped (SIGTERM, then SIGKILL)",
+    "stopped": "stopped because another rank failed",
+    "killed": "its container was killed by the profile's churn",
+    "lost": "its agent went away (the container died) without churn to explain it",
+    "error": "could not be started",
+}
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """One run of one rank of a program (a rank restarted by churn has several)."""
+
+    rank: int  # the rank (= worker index)
+    restart: int  # 0 for the first start, then 1, 2... (TORCHELASTIC_RESTART_COUNT)
+    state: str  # one of STATES
+    exit_code: int | None  # the program's exit code when it exited by itself or was stopped
+    duration_s: float | None  # how long it ran
+    stderr_tail: tuple[str, ...] = ()  # its last lines of stderr
+    logs: str = ""  # the folder holding its stdout.txt, stderr.txt and out/
+    ended_s: float | None = None  # seconds after the run started that the host saw it end
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"rank state {self.state!r}; allowed: {sorted(STATES)}")
+
+    @property
+    def failed(self) -> bool:
+        """Whether this run is a failure of the program (not of the network's churn, not a stop by Squall)."""
+        return (self.state == "exited" and self.exit_code != 0) or self.state in ("error", "lost")
+
+    def describe(self) -> str:
+        """``rank 2 exited with exit code 1; last lines of its stderr: ...``."""
+        what = {"exited": f"exited with {_code(self.exit_code)}", "error": "could not be started",
+                "lost": "was lost (its container went away)", "budget": "was still running at its budget",
+                "stopped": "was stopped after another rank failed", "killed": "was killed by churn"}[self.state]
+        again = f" (restart {self.restart})" if self.restart else ""
+        tail = " | ".join(self.stderr_tail[-5:])
+        return f"rank {self.rank}{again} {what}" + (f"; last lines of its stderr: {tail}" if tail else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "restart": self.restart, "state": self.state, "exit_code": self.exit_code,
+                "duration_s": self.duration_s, "stderr_tail": list(self.stderr_tail), "logs": self.logs,
+                "ended_s": self.ended_s}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> RankRun:
+        return cls(int(row["rank"]), int(row.get("restart", 0)), str(row["state"]), row.get("exit_code"),
+                   row.get("duration_s"), tuple(row.get("stderr_tail") or ()), str(row.get("logs", "")),
+                   row.get("ended_s"))
+
+
+def _code(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class LinkCount:
+    """One directed link's traffic over a whole run, counted in the kernel by the shaping backend."""
+
+    src: int  # sending node
+    dst: int  # receiving node
+    bytes: int  # IP bytes that reached the link
+    packets: int  # packets that reached the link
+    dropped: int  # packets the emulation dropped (loss, a full queue, a cut link)
+
+    def to_json(self) -> list[int]:
+        return [self.src, self.dst, self.bytes, self.packets, self.dropped]
+
+    @classmethod
+    def from_json(cls, row: Sequence[Any]) -> LinkCount:
+        src, dst, size, packets, dropped = (int(v) for v in row)
+        return cls(src, dst, size, packets, dropped)
+
+
+@dataclass(frozen=True)
+class ProgramMeta:
+    """What only a user's program's run has."""
+
+    spec: Mapping[str, Any]  # the program as ProgramSpec.to_json() wrote it (command, patterns, target...)
+    runs: tuple[RankRun, ...]  # every rank's runs, restarts included
+    samples: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (seconds from the start, bytes each rank had sent)
+    duration_s: float | None = None  # from the first rank's start to the last one's end
+    budget_s: float | None = None  # the program's hard budget
+    stopped_after_failure_s: float | None = None  # when the ranks were stopped because one failed
+    counter_errors: tuple[str, ...] = ()  # readings of the kernel counters that failed (gaps in samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": dict(self.spec), "runs": [r.to_json() for r in self.runs],
+                "samples": [[t, list(sent)] for t, sent in self.samples], "duration_s": self.duration_s,
+                "budget_s": self.budget_s, "stopped_after_failure_s": self.stopped_after_failure_s,
+                "counter_errors": list(self.counter_errors)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ProgramMeta:
+        return cls(spec=dict(obj.get("spec") or {}),
+                   runs=tuple(RankRun.from_json(r) for r in obj.get("runs") or [] if isinstance(r, Mapping)),
+                   samples=tuple((float(t), tuple(int(v) for v in sent)) for t, sent in obj.get("samples") or []),
+                   duration_s=obj.get("duration_s"), budget_s=obj.get("budget_s"),
+                   stopped_after_failure_s=obj.get("stopped_after_failure_s"),
+                   counter_errors=tuple(str(e) for e in obj.get("counter_errors") or ()))
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """Everything a run records besides its step records (see the module docstring)."""
+
+    startup_s: float = 0.0  # from the run's start to the first step record (process start-up, imports)
+    budget_s: float | None = None  # the run's time budget
+    budget_steps: int | None = None  # a protocol's step budget
+    seed: int | None = None  # the run's seed
+    task: str | None = None  # a protocol's training task
+    lr: float | None = None  # a protocol's learning rate
+    batch_size: int | None = None  # a protocol's per-worker batch
+    failures: tuple[str, ...] = ()  # one line per failed run of a rank
+    rejoined: tuple[int, ...] = ()  # nodes whose job was started again after churn restarted them
+    summaries: tuple[Any, ...] = ()  # a protocol's per-node end summary (its job's return value), by node
+    timeline: Mapping[str, Any] = field(default_factory=dict)  # the timeline as realised (experiment.realised)
+    timeline_lateness_s: tuple[float, ...] = ()  # how late each link change and churn action was done
+    profile_source: str = ""  # the profile's file
+    engine: str = ""  # where the containers ran: local or swarm
+    placement: tuple[str, ...] = ()  # the machine of each node
+    clock_offsets_s: Mapping[str, float] = field(default_factory=dict)  # machine -> its clock's offset
+    links: tuple[LinkCount, ...] = ()  # every directed link's kernel counts over the run
+    bytes_source: str = "application"  # who counted the records' bytes_sent: the application or the kernel
+    segments: Mapping[str, Any] | None = None  # a traced profile's per-segment calibration, when judged
+    program: ProgramMeta | None = None  # what only a program's run has
+    extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know (kept, not read)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for results files."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "links":
+                value = [link.to_json() for link in value]
+            elif f.name == "program":
+                value = value.to_json() if value is not None else None
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return {**dict(self.extra), **out}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any] | None) -> RunMeta:
+        """The inverse of :meth:`to_json` (also for results files of older versions: missing keys take
+        their defaults, unknown keys go to :attr:`extra`)."""
+        obj = dict(obj or {})
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        values: dict[str, Any] = {}
+        for name in known & set(obj):
+            raw = obj[name]
+            if name == "links":
+                values[name] = tuple(LinkCount.from_json(row) for row in raw or [])
+            elif name == "program":
+                values[name] = ProgramMeta.from_json(raw) if isinstance(raw, Mapping) else None
+            elif name in ("failures", "timeline_lateness_s", "placement", "summaries"):
+                values[name] = tuple(raw or ())
+            elif name == "rejoined":
+                values[name] = tuple(int(v) for v in raw or ())
+            else:
+                values[name] = raw
+        return cls(**values, extra={k: v for k, v in obj.items() if k not in known})
+
+    def sent(self, workers: int) -> list[int]:
+        """Bytes each node sent over the whole run (the sum of its outgoing links), counted in the kernel."""
+        out = [0] * workers
+        for link in self.links:
+            if 0 <= link.src < workers:
+                out[link.src] += link.bytes
+        return out
+
+    def received(self, workers: int) -> list[int]:
+        """Bytes each node received over the whole run (the sum of its incoming links)."""
+        out = [0] * workers
+        for link in self.links:
+            if 0 <= link.dst < workers:
+                out[link.dst] += link.bytes
+        return out
