@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 MARKER = "squall"
 MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config"}
 #: Marker keys of a program (``command=[...]``) rather than a protocol.
-PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env"}
+PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude"}
 #: Marker keys that make no sense with a command.
 PROTOCOL_ONLY = {"protocols", "steps", "task", "lr", "config"}
 DEFAULTS: dict[str, Any] = {"protocols": ["ring"], "profiles": ["lan"], "workers": [4], "seeds": [0]}

@@ -105,12 +105,13 @@ class ProgramMeta:
     budget_s: float | None = None  # the program's hard budget
     stopped_after_failure_s: float | None = None  # when the ranks were stopped because one failed
     counter_errors: tuple[str, ...] = ()  # readings of the kernel counters that failed (gaps in samples)
+    snapshot: Mapping[str, Any] = field(default_factory=dict)  # the folder's copy that ran: source, path, digest
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": dict(self.spec), "runs": [r.to_json() for r in self.runs],
                 "samples": [[t, list(sent)] for t, sent in self.samples], "duration_s": self.duration_s,
                 "budget_s": self.budget_s, "stopped_after_failure_s": self.stopped_after_failure_s,
-                "counter_errors": list(self.counter_errors)}
+                "counter_errors": list(self.counter_errors), "snapshot": dict(self.snapshot)}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ProgramMeta:
@@ -119,7 +120,8 @@ class ProgramMeta:
                    samples=tuple((float(t), tuple(int(v) for v in sent)) for t, sent in obj.get("samples") or []),
                    duration_s=obj.get("duration_s"), budget_s=obj.get("budget_s"),
                    stopped_after_failure_s=obj.get("stopped_after_failure_s"),
-                   counter_errors=tuple(str(e) for e in obj.get("counter_errors") or ()))
+                   counter_errors=tuple(str(e) for e in obj.get("counter_errors") or ()),
+                   snapshot=dict(obj.get("snapshot") or {}))
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
     if default_engine() != LOCAL:
         raise ValueError("a program runs on the local engine only for now (--engine local)")
     spec = program_from_args(command, metrics=args.metric or (), target=args.target, workdir=args.workdir,
-                             requirements=args.requirements, pip=args.pip or (), name=args.name)
+                             requirements=args.requirements, pip=args.pip or (), name=args.name,
+                             exclude=args.exclude or ())
     profile = load_profile(args.profile)  # a bad profile or size is a usage error before anything starts
     if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
         raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
@@ -60,7 +61,8 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
     report_dir: Path = args.report
     fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
     try:
-        with display.logging_above(), Session(backend=args.backend, observer=display, fidelity=fidelity) as cells:
+        with display.logging_above(), Session(backend=args.backend, observer=display, fidelity=fidelity,
+                                              snapshots=report_dir / "snapshots") as cells:
             # a requirement that cannot be installed fails here, before any container starts
             cells.images[spec.requirements] = program_image(spec)
             run = cells.run_program(spec, args.profile, args.workers, seconds=seconds, seed=args.seed,

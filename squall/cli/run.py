@@ -77,7 +77,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         return cmd_run_program(args, command)
     program_only = [f for f, v in (("--metric", args.metric), ("--workdir", args.workdir),
-                                   ("--requirements", args.requirements), ("--pip", args.pip), ("--name", args.name))
+                                   ("--requirements", args.requirements), ("--pip", args.pip), ("--name", args.name),
+                                   ("--exclude", args.exclude))
                     if v]
     if program_only:
         raise ValueError(f"{', '.join(program_only)}: only for a command (squall run ... -- COMMAND)")
@@ -190,7 +191,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         with display.logging_above():
             results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
                                  title=f"Squall matrix: {path.name}", observer=display,
-                                 calibrate=spec.calibrate and not args.no_calibrate, logs=args.report / "ranks")
+                                 calibrate=spec.calibrate and not args.no_calibrate, logs=args.report / "ranks",
+                                 snapshots=args.report / "snapshots")
     finally:
         display.close()
     _, page = write_report(results, args.report)
@@ -273,6 +275,10 @@ def add_subparser(sub: Any) -> None:
     run.add_argument("--pip", nargs="+", metavar="PKG",
                      help="pip requirement specifiers of a command (as --requirements)")
     run.add_argument("--name", help="a command's name in the report (default: its script's name)")
+    run.add_argument("--exclude", action="append", metavar="PATTERN",
+                     help="a command's folder is copied for the containers (a read-only snapshot kept with the "
+                          "report); leave out files matching this glob (repeatable; .git, caches and virtualenvs "
+                          "are always left out)")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
     run.add_argument("--engine", choices=ENGINES, help="where the workers run: this machine's Docker (local, the "
                      "default) or a Docker Swarm with a node agent on every node (swarm; see docs/swarm.md)")

@@ -91,7 +91,7 @@ class Lab:
     def __init__(self, *, workers: int, backend: str | None = None, cpus: float = 1.0, memory: str = "1g",
                  cluster: ClusterBackend | None = None, code: tuple[str, ...] = (), progress: Observer | None = None,
                  engine: str | None = None, image: str | None = None, workdir: str | None = None,
-                 preload: tuple[str, ...] | None = None) -> None:
+                 workdirs: tuple[str, ...] = (), preload: tuple[str, ...] | None = None) -> None:
         """:param code: host directories holding third-party protocol packages, mounted read-only
             into every container and put on its PYTHONPATH.
         :param progress: told each stage (starting cluster, shaping, training, collecting,
@@ -101,14 +101,18 @@ class Lab:
         :param image: the worker image (None: the one built for the current inputs), e.g. one with a
             program's requirements.
         :param workdir: a user's program folder, mounted read-only at :data:`PROGRAM_MOUNT`.
+        :param workdirs: or several (a comparison's two sides): the first at :data:`PROGRAM_MOUNT`, the next
+            at ``PROGRAM_MOUNT-1``, ... (:meth:`mount_of` says where each went).
         :param preload: modules the agents import before they answer (None: torch, for the protocols' jobs)."""
         self.workers = workers
         self.progress: Observer = progress if progress is not None else Quiet()
         self.backend_wanted = backend
         mounts = tuple(Mount(path, f"{EXT_MOUNT}/{k}") for k, path in enumerate(code))
         pythonpath = ":".join([SRC_MOUNT, *(m.target for m in mounts)])
-        if workdir is not None:
-            mounts += (Mount(workdir, PROGRAM_MOUNT),)
+        folders = ((workdir,) if workdir is not None else ()) + tuple(w for w in workdirs if w != workdir)
+        self.program_mounts = {folder: PROGRAM_MOUNT if k == 0 else f"{PROGRAM_MOUNT}-{k}"
+                               for k, folder in enumerate(folders)}  # host folder -> where the containers see it
+        mounts += tuple(Mount(folder, target) for folder, target in self.program_mounts.items())
         self.spec = ClusterSpec(workers=workers, cpus=cpus, memory=memory, mounts=mounts,
                                 env=(("PYTHONPATH", pythonpath),), engine=engine or default_engine(), image=image)
         if preload is not None:
@@ -171,6 +175,14 @@ class Lab:
         workload = ProtocolWorkload(spec, proto.entry, self._config(spec, proto.config), per_node,
                                     rejoins=proto.rejoins, duration=cell.seconds)
         return drive(cell, workload).trace
+
+    def mount_of(self, folder: str) -> str:
+        """Where the containers see a program folder this lab mounts; :class:`ExperimentError` if it does not."""
+        try:
+            return self.program_mounts[folder]
+        except KeyError:
+            raise ExperimentError(f"the lab does not mount the program folder {folder} (it mounts "
+                                  f"{sorted(self.program_mounts) or 'none'}): Lab(workdir=...)") from None
 
     def next_port(self) -> int:
         """A rendezvous port no earlier cell of this lab used (a port in TIME_WAIT cannot be bound again)."""

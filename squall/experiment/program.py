@@ -38,7 +38,7 @@ from squall.cluster.cluster import JobHandle
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
-from squall.experiment.lab import PROGRAM_MOUNT, Lab
+from squall.experiment.lab import Lab
 from squall.experiment.timeline import Action
 from squall.programs.spec import ProgramSpec
 from squall.programs.verdict import RankRun
@@ -277,12 +277,17 @@ class ProgramWorkload:
 
 
 def run_program(lab: Lab, program: ProgramSpec, profile_name: str, *, seconds: float, seed: int = 0,
-                logs: Path, replay: Mapping[str, Any] | None = None) -> ProgramRun:
-    """Run ``program`` on ``lab``'s cluster shaped as ``profile_name`` for at most ``seconds`` (see the module)."""
+                logs: Path, replay: Mapping[str, Any] | None = None, folder: str | None = None) -> ProgramRun:
+    """Run ``program`` on ``lab``'s cluster shaped as ``profile_name`` for at most ``seconds`` (see the module).
+
+    :param folder: the host folder the lab mounts for it (its snapshot); default ``program.workdir``.
+    """
     _ready(lab)
+    mount = lab.mount_of(folder or program.workdir)
     cell = lab.cell(profile_name, seconds=seconds, seed=seed, replay=replay)
-    config = {"argv": list(program.argv), "workdir": PROGRAM_MOUNT, "master_port": lab.next_port(),
-              "metrics": {p.name: p.regex for p in program.metrics}, "env": dict(program.env)}
+    config = {"argv": list(program.argv), "workdir": mount, "master_port": lab.next_port(),
+              "metrics": {p.name: p.regex for p in program.metrics},
+              "env": {**dict(program.env), "SQUALL_SEED": str(seed)}}
     workload = ProgramWorkload(program, config, seed=seed, seconds=seconds, logs=logs)
     driven = drive(cell, workload)
     return ProgramRun(driven.trace, workload.runs, driven.counters)
@@ -296,5 +301,3 @@ def _ready(lab: Lab) -> None:
     if cluster.engine != LOCAL:
         raise ExperimentError(f"a program runs on the local engine only for now, not {cluster.engine!r}: its folder "
                               "is mounted from this machine")
-    if PROGRAM_MOUNT not in {m.target for m in lab.spec.mounts}:
-        raise ExperimentError(f"the lab does not mount a program folder at {PROGRAM_MOUNT}: Lab(workdir=...)")

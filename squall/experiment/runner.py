@@ -46,7 +46,8 @@ def stderr_progress(line: str) -> None:
 
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
                progress: Progress = logger.info, title: str = "Squall matrix",
-               observer: Observer | None = None, calibrate: bool = True, logs: Path | None = None) -> Results:
+               observer: Observer | None = None, calibrate: bool = True, logs: Path | None = None,
+               snapshots: Path | None = None) -> Results:
     """Run every cell (and claim) and collect the results for the report.
 
     :param progress: gets one line per cell and claim (its verdict), and one per calibration.
@@ -54,6 +55,7 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
         the report flags cells run on a profile whose calibration failed.
     :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
     :param logs: where programs' per-rank logs go (a folder per cell); default a temporary folder.
+    :param snapshots: where programs' folders are copied for the containers; default a temporary folder.
     """
     cells: list[CellResult] = []
     claim_results: list[ClaimResult] = []
@@ -63,15 +65,16 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     before = provenance.collect()
     fidelity = SessionCalibration(enabled=calibrate, progress=progress)
     logs = logs or Path(tempfile.mkdtemp(prefix="squall-program-logs-"))
-    with Session(backend=backend, observer=observer, fidelity=fidelity) as labs:
+    with Session(backend=backend, observer=observer, fidelity=fidelity, snapshots=snapshots) as labs:
         for k, cell in enumerate(todo, 1):
             cell_id = cell.id(with_seed=len(matrix.seeds) > 1)
             if observer is not None:
                 observer.label = f"[{k}/{len(todo)}] {cell_id}"
             tag = f"[{k}/{len(todo)}] {cell_id}"
             if cell.program is not None:
+                others = [p for p in matrix.programs if p.requirements == cell.program.requirements]
                 cells.append(run_program_cell(labs, cell, cell.program, run, cell_id=cell_id, tag=tag,
-                                              progress=progress, logs=logs / cell_id))
+                                              progress=progress, logs=logs / cell_id, together=others))
                 continue
             cells.append(_run_cell(labs, cell, run, target, cell_id=cell_id, tag=tag, progress=progress))
         for claim in claims:
@@ -121,12 +124,13 @@ PROGRAM_SECONDS = 60.0
 
 
 def run_program_cell(labs: Session, cell: Cell, program: ProgramSpec, run: Mapping[str, Any], *, cell_id: str,
-                     tag: str, progress: Progress, logs: Path) -> CellResult:
+                     tag: str, progress: Progress, logs: Path, together: Sequence[ProgramSpec] = ()) -> CellResult:
     """One program cell: its lab (the program's folder and image), the run, the verdict."""
     t = time.monotonic()
     seconds = float(run.get("seconds") or PROGRAM_SECONDS)
     try:
-        done = labs.run_program(program, cell.profile, cell.workers, seconds=seconds, seed=cell.seed, logs=logs)
+        done = labs.run_program(program, cell.profile, cell.workers, seconds=seconds, seed=cell.seed, logs=logs,
+                                together=together)
     except ExperimentError as exc:
         progress(f"{tag}: ERROR {exc}")
         empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from squall.experiment.driver import ExperimentError
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import Lab, RunSpec, code_dir_of
 from squall.experiment.program import ProgramRun, program_image, run_program
+from squall.programs.snapshot import Snapshot, snapshot_folder
 from squall.programs.spec import ProgramSpec
 from squall.progress import Observer
 from squall.run_trace import RunTrace
@@ -34,10 +38,13 @@ class Session:
     """Labs per (size, code), started on first use; calibration once per profile; one way to run a cell."""
 
     def __init__(self, *, backend: str | None = None, fidelity: SessionCalibration | None = None,
-                 observer: Observer | None = None, observers: ObserverFactory | None = None) -> None:
+                 observer: Observer | None = None, observers: ObserverFactory | None = None,
+                 snapshots: Path | None = None) -> None:
         """:param observer: one display shared by every lab (the CLI's).
         :param observers: or a display made for each lab (the plugin's: one per terminal writer).
-        :param fidelity: the session's calibrations (None: none)."""
+        :param fidelity: the session's calibrations (None: none).
+        :param snapshots: where programs' folders are copied for the containers (:mod:`squall.programs.snapshot`)
+            and kept with the results; None: a temporary folder removed when the session closes."""
         self.backend = backend
         self.fidelity = fidelity if fidelity is not None else SessionCalibration(enabled=False)
         self.observer = observer
@@ -46,6 +53,9 @@ class Session:
         self.images: dict[tuple[str, ...], str | None] = {}  # a program's requirements -> its image
         self.segments: dict[tuple[str, int, float | None], dict[str, Any] | None] = {}  # judged once each
         self._made: list[Observer] = []  # displays made by ``observers``, closed with the session
+        self._snapshot_root = snapshots
+        self._own_snapshots = snapshots is None
+        self.snapshots: dict[tuple[str, tuple[str, ...]], Snapshot] = {}  # (folder, excludes) -> its snapshot
 
     # -- labs ---------------------------------------------------------------------------------------
     def _display(self, label: str) -> Observer | None:
@@ -70,15 +80,35 @@ class Session:
         return self._labelled((workers, codes), label, lambda progress: Lab(
             workers=workers, backend=self.backend, code=codes, progress=progress))
 
-    def program_lab(self, workers: int, program: ProgramSpec, *, label: str = "") -> Lab:
-        """The lab of this size that mounts ``program``'s folder and runs its image (requirements built first)."""
-        if program.requirements not in self.images:
-            self.images[program.requirements] = program_image(program)
-        image = self.images[program.requirements]
-        key = (workers, ("program", program.workdir, image or ""))
+    def snapshot(self, program: ProgramSpec) -> Snapshot:
+        """The read-only copy of ``program``'s folder the containers mount (made once per session)."""
+        key = (program.workdir, program.excludes)
+        if key not in self.snapshots:
+            if self._snapshot_root is None:
+                self._snapshot_root = Path(tempfile.mkdtemp(prefix="squall-snapshots-"))
+            dest = self._snapshot_root / f"{program.name}-{len(self.snapshots)}"
+            if dest.exists():  # a results folder used again: this session's copy replaces the last one's
+                shutil.rmtree(dest)
+            self.snapshots[key] = snapshot_folder(program.workdir, dest, excludes=program.excludes)
+            logger.info("%s: %d files (%.1f MB) copied for the containers to %s", program.workdir,
+                        self.snapshots[key].files, self.snapshots[key].size / 1e6, dest)
+        return self.snapshots[key]
+
+    def program_lab(self, workers: int, programs: Sequence[ProgramSpec], *, label: str = "") -> Lab:
+        """The lab of this size that mounts the folders of ``programs`` (snapshots) and runs their image
+        (requirements built first; programs that share a lab must share their requirements)."""
+        needs = {p.requirements for p in programs}
+        if len(needs) != 1:
+            raise ExperimentError(f"programs {[p.name for p in programs]} need different requirements "
+                                  f"({sorted(needs)}): they cannot share containers")
+        first = programs[0]
+        if first.requirements not in self.images:
+            self.images[first.requirements] = program_image(first)
+        image = self.images[first.requirements]
+        folders = tuple(dict.fromkeys(self.snapshot(p).path for p in programs))
+        key = (workers, ("program", *folders, image or ""))
         return self._labelled(key, label, lambda progress: Lab(
-            workers=workers, backend=self.backend, image=image, workdir=program.workdir, preload=(),
-            progress=progress))
+            workers=workers, backend=self.backend, image=image, workdirs=folders, preload=(), progress=progress))
 
     def backends(self) -> list[str]:
         """Shaping backends of the labs started so far."""
@@ -100,13 +130,21 @@ class Session:
         return _with_segments(trace, segments)
 
     def run_program(self, program: ProgramSpec, profile: str, workers: int, *, seconds: float, seed: int = 0,
-                    logs: Path, label: str = "") -> ProgramRun:
-        """One program cell: its lab, its profile calibrated, the run (with its segments judged)."""
-        lab = self.program_lab(workers, program, label=label)
+                    logs: Path, label: str = "", together: Sequence[ProgramSpec] = ()) -> ProgramRun:
+        """One program cell: its lab, its profile calibrated, the run (with its segments judged).
+
+        :param together: programs that share this one's containers (a comparison's other side).
+        """
+        lab = self.program_lab(workers, [program, *together], label=label)
         self.calibrate(lab, profile, workers)
         segments = self._segments(lab, profile, workers, seconds)
-        done = run_program(lab, program, profile, seconds=seconds, seed=seed, logs=logs)
-        return dataclasses.replace(done, trace=_with_segments(done.trace, segments))
+        snap = self.snapshot(program)
+        done = run_program(lab, program, profile, seconds=seconds, seed=seed, logs=logs, folder=snap.path)
+        trace = _with_segments(done.trace, segments)
+        if trace.meta.program is not None:
+            program_meta = dataclasses.replace(trace.meta.program, snapshot=snap.to_json())
+            trace = dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, program=program_meta))
+        return dataclasses.replace(done, trace=trace)
 
     def _segments(self, lab: Lab, profile: str, workers: int, seconds: float | None) -> dict[str, Any] | None:
         """A profile whose links change during the run: each segment of its timeline judged
@@ -151,6 +189,9 @@ class Session:
                 except Exception as exc:  # a display that cannot close leaves nothing behind
                     logger.debug("closing a display failed: %s", exc)
         self._made.clear()
+        if self._own_snapshots and self._snapshot_root is not None:
+            shutil.rmtree(self._snapshot_root, ignore_errors=True)
+            self._snapshot_root = None
         if errors:
             raise errors[0]
 

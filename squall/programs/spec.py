@@ -18,14 +18,14 @@ from squall.programs.lines import LineError, MetricPattern, parse_patterns
 from squall.target import Target, TargetError
 
 #: Keys of a ``programs:`` entry (and of the marker's program arguments).
-KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env")
+KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env", "exclude")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Environment a program may not set: the runner's own (torchrun's and Squall's).
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                           "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
                           "GLOO_SOCKET_IFNAME", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                          "TORCHELASTIC_RUN_ID", "SQUALL_PEERS", "SQUALL_OUT_DIR"})
+                          "TORCHELASTIC_RUN_ID", "SQUALL_PEERS", "SQUALL_OUT_DIR", "SQUALL_SEED"})
 
 
 class ProgramError(ValueError):
@@ -44,6 +44,7 @@ class ProgramSpec:
     requirements: tuple[str, ...] = ()  # pip requirement lines for a derived image
     requirements_source: str = ""  # where they came from (a file, --pip), for messages
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment of every rank
+    excludes: tuple[str, ...] = ()  # glob patterns of files the folder's snapshot leaves out (programs.snapshot)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -55,7 +56,7 @@ class ProgramSpec:
         return {"name": self.name, "command": list(self.argv), "workdir": self.workdir,
                 "metrics": {p.name: p.regex for p in self.metrics},
                 "target": str(self.target) if self.target else None, "requirements": list(self.requirements),
-                "env": dict(self.env)}
+                "env": dict(self.env), "exclude": list(self.excludes)}
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -139,6 +140,12 @@ def _env(value: Any, flag: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _excludes(value: Any, flag: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) and p.strip() for p in value):
+        raise ProgramError(f"{flag}: expected glob patterns of files to leave out, e.g. 'data/*', got {value!r:.120}")
+    return tuple(value)
+
+
 def _check_name(name: str, flag: str) -> str:
     if not _NAME.match(name):
         raise ProgramError(f"{flag}: {name!r}: allowed: letters, digits, '_', '.', '-', at most 40, "
@@ -146,32 +153,9 @@ def _check_name(name: str, flag: str) -> str:
     return name
 
 
-def unreadable(workdir: str, argv: Sequence[str]) -> str | None:
-    """Why the program's user (``nobody`` when Squall runs as root) cannot read the folder or the command's
-    files in it, or None. Only the folder and the words of the command that name files in it are looked at."""
-    if os.geteuid() != 0:
-        return None  # the program runs as this user: what this user reads, it reads
-    folder = Path(workdir)
-    if folder.stat().st_mode & 0o005 != 0o005:
-        return f"{folder} is not readable and searchable by others (chmod o+rx {folder})"
-    for word in argv[1:]:
-        path = folder / word
-        if not word.startswith("-") and path.is_file() and path.stat().st_mode & 0o004 == 0:
-            return f"{path} is not readable by others (chmod o+r {path})"
-    return None
-
-
-def _readable(workdir: str, argv: Sequence[str], flag: str) -> str:
-    problem = unreadable(workdir, argv)
-    if problem:
-        raise ProgramError(f"{flag}: the program runs as the unprivileged user 'nobody' in the containers, and "
-                           f"{problem}")
-    return workdir
-
-
 def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), target: str | None = None,
                       workdir: str | None = None, requirements: str | None = None, pip: Sequence[str] = (),
-                      name: str | None = None, cwd: Path | None = None) -> ProgramSpec:
+                      name: str | None = None, cwd: Path | None = None, exclude: Sequence[str] = ()) -> ProgramSpec:
     """The program of ``squall run ... -- COMMAND`` (errors name the flag)."""
     base = cwd or Path(os.getcwd())
     argv = _argv(list(command), "the command after --")
@@ -184,10 +168,10 @@ def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), ta
     except TargetError as exc:
         raise ProgramError(f"--target: {exc}") from None
     lines, source = requirement_lines(requirements, pip, base=base, flag="--requirements")
-    folder = _readable(_workdir(workdir, base=base, flag="--workdir"), argv, "--workdir")
+    folder = _workdir(workdir, base=base, flag="--workdir")
     return ProgramSpec(argv=argv, name=_check_name(name or default_name(argv), "--name"),
                        workdir=folder, metrics=patterns, target=goal,
-                       requirements=lines, requirements_source=source)
+                       requirements=lines, requirements_source=source, excludes=_excludes(exclude, "--exclude"))
 
 
 def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> ProgramSpec:
@@ -233,8 +217,12 @@ def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> 
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
         raise ProgramError(f"{source}: name: expected a string, got {name!r}")
-    folder = _readable(_workdir(workdir, base=base, flag=f"{source}: workdir"), argv, f"{source}: workdir")
+    folder = _workdir(workdir, base=base, flag=f"{source}: workdir")
+    exclude = raw.get("exclude") or []
+    if isinstance(exclude, str):
+        exclude = [exclude]
     return ProgramSpec(argv=argv, name=_check_name(name or default_name(argv), f"{source}: name"),
                        workdir=folder, metrics=patterns,
                        target=goal, requirements=lines, requirements_source=req_source,
-                       env=_env(raw.get("env") or {}, f"{source}: env"))
+                       env=_env(raw.get("env") or {}, f"{source}: env"),
+                       excludes=_excludes(exclude, f"{source}: exclude"))

@@ -15,8 +15,9 @@ Config (every key from the host, :mod:`squall.experiment.program`):
 The program gets torchrun's environment (``MASTER_ADDR`` = rank 0's data-plane address,
 ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``, ``GROUP_RANK``,
 ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``GLOO_SOCKET_IFNAME``, ``TORCHELASTIC_RESTART_COUNT``) plus
-``SQUALL_PEERS`` (every rank's address, comma-separated, rank order) and ``SQUALL_OUT_DIR`` (a
-directory it may write, collected with the results).
+``SQUALL_PEERS`` (every rank's address, comma-separated, rank order), ``SQUALL_OUT_DIR`` (a
+directory it may write, collected with the results) and, from the host, ``SQUALL_SEED`` (the run's
+seed: the two runs of a comparison's pair share it).
 
 Who it runs as. When the agent is root in the container (the host user is root), the program runs
 as ``nobody`` (:data:`PROGRAM_UID`) with no supplementary groups, ``no_new_privs`` set (a set-uid
