@@ -4,13 +4,19 @@ A rank's run ends in one of :data:`STATES`. The verdict, in this order:
 
 1. a rank *failed* (exited with a non-zero code, could not start, or its agent went away without
    churn to explain it): **fail**, naming the rank, its exit code and the last lines of its stderr;
-2. with a target: no record of any rank carries the target's figure: **unknown** (the pattern never
-   matched: nothing to judge); every surviving rank met it: **pass**, measured as the time the last
-   of them did; otherwise **fail** with each rank's best figure;
-3. without a target: patterns were given and none ever matched: **unknown**; a rank was still
-   running at the end of its budget: **fail**; every rank exited 0: **pass**.
+2. a pattern (``--metric NAME=REGEX``) whose figure no record of any rank carries: **unknown**,
+   naming every such pattern, even when another pattern or a ``squall.log`` record was read (a
+   pattern that never matched is a broken reading of the program, and a verdict on the rest would
+   hide it);
+3. with a target: no record of any rank carries the target's figure: **unknown** (nothing to
+   judge); every surviving rank met it: **pass**, measured as the time the last of them did;
+   otherwise **fail** with each rank's best figure;
+4. without a target: a rank was still running at the end of its budget: **fail**; every rank
+   exited 0: **pass**.
 
 A program is never passed by accident: a figure that was never read is ``unknown``, not ``pass``.
+A pattern counts as matched when any record carries its figure's name, whether the line came from
+the pattern or from a ``squall.log`` record of the same name.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Sequence
 from squall.checks.convergence import best_value, time_to_target
 from squall.checks.verdict import Verdict
 from squall.run_meta import STATES, RankRun
-from squall.run_trace import RunTrace
+from squall.run_trace import NAMED_FIGURES, RunTrace, StepRecord
 from squall.target import Target
 
 CHECK = "program"
@@ -47,6 +53,13 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: Target | None,
         more = f"; ranks {others} failed too" if others else ""
         return Verdict(CHECK, False, {"failed ranks": sorted({r.rank for r in failed})}, expected,
                        first.describe() + more)
+    silent = [name for name in dict.fromkeys(metric_names)
+              if not any(rec.figure(name) is not None for rec in trace.records)]
+    if silent:
+        read = sorted({name for rec in trace.records for name in _figures(rec)})
+        return Verdict(CHECK, None, None, expected,
+                       f"the pattern{'s' if len(silent) > 1 else ''} for {silent} never matched a line of stdout "
+                       f"(figures read: {read or 'none'}): nothing to judge")
     if target is not None:
         if not any(rec.figure(target.metric) is not None for rec in trace.records):
             return Verdict(CHECK, None, None, expected,
@@ -61,11 +74,13 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: Target | None,
             best = best_value(trace, target, rank)
             late.append(f"rank {rank} {'never reported it' if best is None else f'best {best:.4g}'}")
         return Verdict(CHECK, False, None, expected, f"{target.describe()} not reached: " + "; ".join(late))
-    if metric_names and not trace.records:
-        return Verdict(CHECK, None, None, expected,
-                       f"the patterns for {list(metric_names)} never matched a line of stdout: nothing to judge")
     still = [r for r in last_runs(runs).values() if r.state == "budget"]
     if still:
         return Verdict(CHECK, False, None, expected,
                        f"ranks {[r.rank for r in still]} were still running at the end of the budget and were stopped")
     return Verdict(CHECK, True, None, expected, f"every rank exited 0 ({len(last_runs(runs))} ranks)")
+
+
+def _figures(record: StepRecord) -> list[str]:
+    """The names of the figures ``record`` carries (its named fields that are set, and its extras)."""
+    return [name for name in NAMED_FIGURES if record.figure(name) is not None] + list(record.extra)

@@ -263,6 +263,22 @@ def test_without_a_target_exits_decide_and_a_silent_pattern_is_unknown() -> None
     assert v.passed is False and "ranks [1] were still running" in v.why
 
 
+def test_a_pattern_that_never_matched_is_unknown_even_when_other_figures_were_read() -> None:
+    """docs/your-own-program.md: a pattern that never matched makes the run unknown, naming it."""
+    read = _trace([_records((1, 2.0), (3, 0.9)), _records((2, 0.8))])  # loss read, and the target met
+    assert judge(read, OK, target=LOSS, metric_names=["loss"]).passed is True
+    v = judge(read, OK, target=LOSS, metric_names=["loss", "acc"])
+    assert v.passed is None and "['acc'] never matched" in v.why and "figures read: ['loss']" in v.why
+    assert judge(read, OK, target=None, metric_names=["acc", "tps"]).why.startswith("the patterns for ['acc', 'tps']")
+    # a squall.log record carrying a figure of its own does not stand in for the silent pattern
+    logged = _trace([[{"step": 1, "wall": 101.0, "loss": 0.5, "tokens_per_s": 9.0}]] * 2)
+    v = judge(logged, OK, target=None, metric_names=["acc"])
+    assert v.passed is None and "figures read: ['loss', 'tokens_per_s']" in v.why
+    # a failed rank is still named first: it says more than the silence it caused
+    failed = [RankRun(0, 0, "exited", 1, 1.0, ("boom",), ended_s=1.0), OK[1]]
+    assert judge(read, failed, target=LOSS, metric_names=["acc"]).passed is False
+
+
 def test_churn_and_stops_are_not_failures_and_a_killed_rank_is_not_waited_for() -> None:
     runs = [RankRun(0, 0, "exited", 0, 9.0), RankRun(1, 0, "killed", None, 4.0), RankRun(1, 1, "exited", 0, 5.0)]
     trace = _trace([_records((1, 0.9)), _records((6, 0.8))])
