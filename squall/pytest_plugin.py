@@ -400,15 +400,19 @@ class SquallSession:
             self._session.close()
 
 
-def _require_docker() -> None:
+def _require_docker(session: SquallSession) -> None:
+    """Before a cell's first container: the engine answers and this process can shape the links
+    (:func:`squall.cluster.preflight.preflight`); else fail the cell under ``CI=true``, skip it otherwise."""
     from squall.cluster.engine import docker_client, in_ci
     from squall.cluster.errors import EngineUnavailable
+    from squall.cluster.preflight import NotReady, preflight
 
     try:
+        preflight(session.option("backend"), engine=None)
         docker_client()
-    except EngineUnavailable as exc:
+    except (EngineUnavailable, NotReady) as exc:
         if in_ci():
-            pytest.fail(f"{exc} (CI=true: a missing engine is a failure)")
+            pytest.fail(f"{exc} (CI=true: an environment not ready is a failure)", pytrace=False)
         pytest.skip(str(exc))
 
 
@@ -423,7 +427,7 @@ def squall_session(request: pytest.FixtureRequest) -> Iterator[SquallSession]:
 @pytest.fixture
 def squall_lab(request: pytest.FixtureRequest, squall_cell: Any, squall_session: SquallSession) -> Any:
     """Name: squall_lab. Scope: function (the lab itself lives for the session). Depends: Docker."""
-    _require_docker()
+    _require_docker(squall_session)
     return squall_session.session.lab(squall_cell.workers, squall_cell.protocol, label=request.node.nodeid)
 
 
@@ -471,7 +475,7 @@ def squall_program(request: pytest.FixtureRequest, squall_cell: Any, squall_sess
     program = squall_cell.program
     if program is None:
         raise pytest.UsageError(f"{request.node.nodeid}: squall_program needs @pytest.mark.squall(command=[...])")
-    _require_docker()
+    _require_docker(squall_session)
     marker = request.node.get_closest_marker(MARKER)
     kwargs = dict(marker.kwargs) if marker else {}
     seconds = float(kwargs.get("seconds", squall_session.option("seconds") or squall_session.matrix_run.get("seconds")
@@ -493,7 +497,7 @@ def squall_run(request: pytest.FixtureRequest, squall_session: SquallSession) ->
     """Name: squall_run. Scope: function. Depends: Docker. ``squall_run(RunSpec, workers=N)`` -> RunTrace."""
 
     def run(spec: Any, *, workers: int) -> Any:
-        _require_docker()
+        _require_docker(squall_session)
         return squall_session.session.run(spec, workers, label=request.node.nodeid)
 
     return run

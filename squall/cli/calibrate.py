@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, select_engine
 from squall.profiles import ProfileError, load_profile
 from squall.shaping.base import BACKENDS, ShapingError
@@ -85,6 +86,7 @@ def cmd_over_time(args: argparse.Namespace) -> int:
         workers = args.workers or max(2, profile.required_workers())
         profile.validate_for(workers)
         select_engine(args.engine)
+        preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         with open_cluster(calibration_spec(workers)) as cluster:
             shaper = cluster.open_shaper(args.backend)
             try:
@@ -129,6 +131,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         workers = args.workers or max(DEFAULT_WORKERS, profile.required_workers())
         profile.validate_for(workers)  # bad input is told before any cluster starts
         select_engine(args.engine)  # the engine of the cluster below (and of the spec's default)
+        preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         display = Display(label=f"calibrate {profile.name}")
         try:
             display.stage("starting cluster", f"{workers} workers")

@@ -29,6 +29,7 @@ from typing import Any
 from squall.assets import matrices_dir
 from squall.checks import Target, Validity, Verdict, converged, fidelity_by_profile, merge
 from squall.cluster import Cluster
+from squall.cluster.preflight import preflight
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, Lab, RunSpec
 from squall.experiment.matrix import Matrix, load_matrix_file
@@ -108,6 +109,7 @@ def run_demo(*, workers: int = 4, as_json: bool = False, report: Path = Path("re
         spec.matrix.protocols, spec.matrix.profiles, (workers,), spec.matrix.seeds)
     run = dict(spec.run)
     target = Target.of(run.get("target"))
+    preflight(None, engine=None)  # exit 3 with the reasons before anything starts
     progress(f"starting {workers} containers")
     with Cluster(Lab(workers=workers).spec) as cluster:  # one cluster: calibrated, then trained on
         t = time.monotonic()

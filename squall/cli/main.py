@@ -271,10 +271,11 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     from squall.assets import AssetError
     from squall.cluster.errors import ClusterError, ClusterSpecError, EngineUnavailable, ImageError
+    from squall.cluster.preflight import NotReady
 
     try:
         code: int = args.func(args)
-    except (EngineUnavailable, ImageError, AssetError) as exc:
+    except (EngineUnavailable, ImageError, AssetError, NotReady) as exc:
         logger.error("%s", exc)
         return EXIT_ENVIRONMENT
     except (ClusterSpecError, ValueError) as exc:
@@ -290,7 +291,34 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         logger.error("interrupted")
         return 128 + signal.SIGINT
+    except Exception as exc:
+        known = _known_failure(exc)
+        if known is None:
+            raise
+        code, hint = known
+        logger.error("%s%s", exc, hint)
+        return code
     return code
+
+
+#: Errors of layers a command may not have imported, by module and class: the exit code each means
+#: and what the message gets added. Shaping that cannot be applied is the environment (``squall
+#: doctor`` says what the kernel has); a cell that cannot run is a failed run. Matched by name so
+#: that a command that never imported them (``squall profiles``) does not import them here.
+KNOWN_FAILURES: tuple[tuple[str, str, int, str], ...] = (
+    ("squall.shaping.base", "ShapingError", EXIT_ENVIRONMENT,
+     " (run 'squall doctor' to see what this machine can shape)"),
+    ("squall.experiment.driver", "ExperimentError", EXIT_FAILED, ""),
+)
+
+
+def _known_failure(exc: Exception) -> tuple[int, str] | None:
+    """The exit code and message hint of an error in :data:`KNOWN_FAILURES`, or None."""
+    for module, name, code, hint in KNOWN_FAILURES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return code, hint
+    return None
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.checks.verdict import Verdict
+from squall.cluster.preflight import preflight
 from squall.cluster.spec import LOCAL, MAX_WORKERS, default_engine, select_engine
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.program import program_image
@@ -56,6 +57,7 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
     profile.validate_for(args.workers)
     seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS
     cid = cell_id(spec, args.profile, args.workers)
+    preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
     display = Display(label=cid)
     t0, before = time.monotonic(), provenance.collect()
     report_dir: Path = args.report

@@ -19,6 +19,7 @@ from typing import Any
 from squall.assets import find_matrix
 from squall.checks import Validity, converged, merge, time_to_target
 from squall.claims.registry import load_claims
+from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, select_engine
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError
@@ -48,6 +49,7 @@ def _cmd_replay(args: argparse.Namespace, *, every: bool) -> int:
         if not chosen:
             raise ValueError(f"--cell {wanted!r}: {args.replay} records {[c.cell_id for c in cells]}")
         cells = chosen
+    preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
     display = Display()
     try:
         with display.logging_above():
@@ -92,6 +94,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if target is not None:
         run["target"] = target.to_mapping()
     cell = matrix.cells()[0]
+    preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
     display = Display(label=cell.id())
     t0, before = time.monotonic(), provenance.collect()
     try:
@@ -186,6 +189,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"{path}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
+    preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
     display = Display()
     try:
         with display.logging_above():
