@@ -65,6 +65,8 @@ LAYERS: tuple[Layer, ...] = (
     _layer("shaping", "host", {"squall.shaping"}, {"profiles"}),
     _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping"}),
     _layer("trace", "host", {"squall.run_trace", "squall.run_meta", "squall.progress"}),
+    # squall compare's statistics: pure numbers in, a ratio, an interval and a verdict out (numpy, scipy.stats).
+    _layer("compare", "host", {"squall.compare"}),
     # The checks hold the one validity (pass, fail, unknown) and its merge rule, which calibration uses too.
     _layer("checks", "host", {"squall.checks"}, {"trace"}),
     _layer("calibration", "host", {"squall.calibration"}, {"profiles", "shaping", "cluster", "checks"}),
