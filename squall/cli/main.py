@@ -229,13 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions() -> list[Callable[[Any], None]]:
     """Sub-commands that live in their own modules."""
     from squall.cli.calibrate import add_subparser as calibrate
+    from squall.cli.compare import add_subparser as compare
     from squall.cli.doctor import add_subparser as doctor
     from squall.cli.kube import add_subparser as kube
     from squall.cli.profiles import add_subparser as profiles
     from squall.cli.protocols import add_subparser as protocols
     from squall.cli.run import add_subparser as run
 
-    return [profiles, calibrate, run, protocols, doctor, kube]
+    return [profiles, calibrate, run, compare, protocols, doctor, kube]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ class Session:
         self.images: dict[tuple[str, ...], str | None] = {}  # a program's requirements -> its image
         self.segments: dict[tuple[str, int, float | None], dict[str, Any] | None] = {}  # judged once each
         self._made: list[Observer] = []  # displays made by ``observers``, closed with the session
-        self._snapshot_root = snapshots
+        self._snapshot_root = snapshots.resolve() if snapshots is not None else None
         self._own_snapshots = snapshots is None
         self.snapshots: dict[tuple[str, tuple[str, ...]], Snapshot] = {}  # (folder, excludes) -> its snapshot
 

@@ -163,7 +163,7 @@ def _median_curve(trace: RunTrace, metric: str) -> tuple[list[float], list[float
     """Median over workers of ``metric`` per step, against the median time of that step."""
     by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for r in trace.records:
-        value = getattr(r, metric)
+        value = r.figure(metric)
         if value is not None:
             by_step[r.step].append((r.t, value))
     steps = sorted(by_step)
@@ -390,3 +390,140 @@ def _cell_text(u: Utilization | None, title: str) -> str:
         return "-" if u.ratio is None else f"{u.ratio:.2f}x{mark}"
     v = u.measured if title.startswith("measured") else u.predicted
     return ("-" if v is None else f"{v:.2f}") + (mark if title.startswith("measured") else "")
+
+
+# -- squall compare ------------------------------------------------------------------------------------
+SIDE_COLOURS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
+VERDICT_COLOURS = {"better": "#2e7d32", "worse": "#c62828", "same": "#757575", "unknown": "#bdbdbd"}
+
+
+def plot_compare_samples(profile: str, measures: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """One panel per measure: every run's value, baseline and candidate side by side (a censored run as an
+    open marker at its bound, a failed one not drawn), the verdict in the panel's title."""
+    names = [n for n, m in measures.items() if any(v is not None for v in [*m["baseline"], *m["candidate"]])]
+    if not names:
+        return None
+    fig, axes = _grid(len(names))
+    for ax, name in zip(axes, names, strict=False):
+        m = measures[name]
+        for x, side in enumerate(("baseline", "candidate")):
+            values, censored = m[side], m.get(f"{side}_censored") or [False] * len(m[side])
+            for k, (v, cut) in enumerate(zip(values, censored, strict=True)):
+                if v is None:
+                    continue
+                jitter = (k - (len(values) - 1) / 2) * 0.04
+                ax.plot(x + jitter, v, "o", color=SIDE_COLOURS[side], markerfacecolor="none" if cut else
+                        SIDE_COLOURS[side], markersize=6)
+            known = [v for v in values if v is not None]
+            if known:
+                ax.hlines(statistics.median(known), x - 0.25, x + 0.25, color=SIDE_COLOURS[side], linewidth=2)
+        ax.set_xticks([0, 1], ["baseline", "candidate"])
+        ax.set_xlim(-0.6, 1.6)
+        verdict = str(m.get("verdict"))
+        ax.set_title(f"{name}: {verdict}", fontsize=9, color=VERDICT_COLOURS.get(verdict, "black"))
+        ax.tick_params(labelsize=8)
+    fig.suptitle(f"{profile}: every run (open markers: censored, a bound)", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def plot_compare_ratios(rows: Sequence[tuple[str, float | None, float | None, float | None, str]]) -> str | None:
+    """Candidate/baseline of each (profile, measure) with its 95 % interval on a log axis; 1 is no change.
+    ``rows``: (label, ratio, ci_low, ci_high, verdict)."""
+    drawn = [r for r in rows if r[1] is not None]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.32 * len(drawn)))
+    for y, (_label, ratio, low, high, verdict) in enumerate(reversed(drawn)):
+        colour = VERDICT_COLOURS.get(verdict, "black")
+        assert ratio is not None  # drawn rows have one
+        if low is not None and high is not None:
+            ax.plot([low, high], [y, y], color=colour, linewidth=2)
+        ax.plot(ratio, y, "o", color=colour)
+        ax.text(1.02, y, verdict, transform=ax.get_yaxis_transform(), fontsize=8, va="center", color=colour)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(drawn)), [r[0] for r in reversed(drawn)], fontsize=8)
+    ax.set_xlabel("candidate / baseline (95 % interval); below 1 is less of the measure", fontsize=9)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 60
+          ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Median and interquartile band across runs of curves y(x), each interpolated on a common grid."""
+    ends = [xs[-1] for xs, _ in curves if xs]
+    if not ends:
+        return [], [], [], []
+    top = statistics.median(ends)
+    grid = [top * k / (points - 1) for k in range(points)]
+    med, low, high, kept = [], [], [], []
+    for x in grid:
+        ys = [_at(xs, vs, x) for xs, vs in curves if xs and xs[0] <= x <= xs[-1]]
+        if len(ys) < max(1, len(curves) // 2):
+            continue
+        q = statistics.quantiles(ys, n=4) if len(ys) >= 2 else [ys[0], ys[0], ys[0]]
+        kept.append(x)
+        med.append(statistics.median(ys))
+        low.append(q[0])
+        high.append(q[2])
+    return kept, med, low, high
+
+
+def _at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    for k in range(1, len(xs)):
+        if xs[k] >= x:
+            x0, x1 = xs[k - 1], xs[k]
+            return ys[k] if x1 == x0 else ys[k - 1] + (ys[k] - ys[k - 1]) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def plot_compare_curves(profile: str, figure: str, runs: Mapping[str, Sequence[RunTrace]]) -> str | None:
+    """``figure`` (median over ranks) against time and against bytes sent: each side's median across its
+    runs with the interquartile band."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    drew = False
+    for side, traces in runs.items():
+        by_time, by_bytes = [], []
+        for trace in traces:
+            xs, ys = _median_curve(trace, figure)
+            if xs:
+                by_time.append((xs, ys))
+            sent = _figure_vs_bytes(trace, figure)
+            if sent[0]:
+                by_bytes.append(sent)
+        for ax, curves, unit in ((left, by_time, 1.0), (right, by_bytes, 1e6)):
+            x, med, low, high = _band(curves)
+            if not x:
+                continue
+            drew = True
+            xs = [v / unit for v in x]
+            ax.plot(xs, med, color=SIDE_COLOURS.get(side), label=f"{side} ({len(curves)} runs)")
+            ax.fill_between(xs, low, high, color=SIDE_COLOURS.get(side), alpha=0.2, linewidth=0)
+    if not drew:
+        plt.close(fig)
+        return None
+    left.set_xlabel("seconds of training")
+    right.set_xlabel("MB sent per rank")
+    for ax in (left, right):
+        ax.set_ylabel(figure)
+        _legend(ax)
+    fig.suptitle(f"{profile}: {figure}, median across runs with the interquartile band", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _figure_vs_bytes(trace: RunTrace, figure: str) -> tuple[list[float], list[float]]:
+    """``figure`` (median over ranks at each step) against the mean bytes a rank had sent by then."""
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in trace.records:
+        value = r.figure(figure)
+        if value is not None and r.worker in trace.alive:
+            by_step[r.step].append((float(r.bytes_sent), value))
+    xs, ys = [], []
+    for step in sorted(by_step):
+        pts = by_step[step]
+        xs.append(statistics.fmean(b for b, _ in pts))
+        ys.append(statistics.median(v for _, v in pts))
+    order = sorted(range(len(xs)), key=lambda k: xs[k])
+    return [xs[k] for k in order], [ys[k] for k in order]
