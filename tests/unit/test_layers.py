@@ -52,18 +52,21 @@ LAYERS: tuple[Layer, ...] = (
     _layer("wire", "worker", {"squall.wire"}),
     _layer("transport", "worker", {"squall.transport"}, {"wire"}),
     _layer("job interface", "worker", {"squall.job", "squall.programs.lines"}),
+    # The control sockets' framing (one JSON object per line) and the job agent's commands: stdlib only,
+    # shared by the agent in the containers and the host's clients of it.
+    _layer("control", "worker", {"squall.worker.jsonline", "squall.worker.commands"}),
     _layer("training", "worker", {"squall.training"}, {"wire", "transport", "job interface"}),
     _layer("shared", "worker", {"squall.collectives", "squall.gossip", "squall.lowcomm"}, WORKER_BASE),
     _layer("protocol folders", "worker", set(), WORKER_BASE | {"shared"}),
     _layer("entry", "worker",
            {"squall.protocols", "squall.protocols.catalog", "squall.protocols.train", "squall.worker", "squall.bench",
             "squall.calibration.probes"},
-           WORKER_BASE | {"shared", "protocol folders"}),
+           WORKER_BASE | {"shared", "protocol folders", "control"}),
     # The host side. Every host layer may also use the asset locator.
     _layer("assets", "host", {"squall.assets"}),
     _layer("profiles", "host", {"squall.profiles"}),
     _layer("shaping", "host", {"squall.shaping"}, {"profiles"}),
-    _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping"}),
+    _layer("cluster", "host", {"squall.cluster"}, {"profiles", "shaping", "control"}),
     _layer("trace", "host", {"squall.run_trace", "squall.run_meta", "squall.progress"}),
     # squall compare's statistics: pure numbers in, a ratio, an interval and a verdict out (numpy, scipy.stats).
     _layer("compare", "host", {"squall.compare"}),
@@ -78,20 +81,23 @@ LAYERS: tuple[Layer, ...] = (
                                   "squall.experiment.driver"},
            {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs"}),
     _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity",
-                              "squall.experiment.replay", "squall.experiment.session"},
-           {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog", "programs"}),
+                              "squall.experiment.replay", "squall.experiment.session", "squall.experiment.comparison"},
+           {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog", "programs",
+            "compare"}),
     _layer("front", "host", {"squall.cli", "squall.pytest_plugin"},
            {"profiles", "shaping", "cluster", "calibration", "trace", "checks", "timeline", "matrix", "report",
             "experiment", "claims", "protocol catalog", "training", "programs"}),
 )
 #: What the host may use of the worker side: the catalog (names, declarations), the job
 #: interface (a pure-maths claim's function is resolved by name), the training layer's plain
-#: data (the device model's draws) and the stdout-line parsing a program's runner shares with
-#: the host (patterns are validated on the host before they reach the containers). Everything else
-#: of the worker side runs in the containers.
+#: data (the device model's draws), the stdout-line parsing a program's runner shares with
+#: the host (patterns are validated on the host before they reach the containers) and the control
+#: sockets' framing and commands (the host's agent clients speak them). Everything else of the
+#: worker side runs in the containers.
 HOST_SEES = {"squall.protocols.catalog": "protocol catalog", "squall.job": "protocol catalog",
              "squall.target": "target", "squall.training": "training",
-             "squall.programs.lines": "program lines"}
+             "squall.programs.lines": "program lines", "squall.worker.jsonline": "control",
+             "squall.worker.commands": "control"}
 
 #: Third-party packages that only some modules (or the packages named) may import.
 CONFINED = {
@@ -104,6 +110,12 @@ CONFINED = {
 
 #: A backend is self-contained: outside it, only these modules may import it.
 BACKENDS = {"squall.shaping.netem": ("squall.shaping.select",), "squall.shaping.nfqueue": ("squall.shaping.select",)}
+
+#: ``squall.shaping.planning`` is pure: besides itself it may import only these (netlink's framing
+#: builds bytes; it is in ``kernel/`` because every sender there shares it).
+PLANNING_SEES = ("squall.profiles", "squall.shaping.base", "squall.shaping.planning", "squall.shaping.kernel.netlink")
+#: Namespaces for tests and benchmarks: no library module outside the folder uses them.
+TESTNET = "squall.shaping.testnet"
 
 
 def protocol_folders() -> frozenset[str]:
@@ -216,6 +228,25 @@ def test_every_unit_of_the_table_exists() -> None:
     assert missing == []
 
 
+def _inside(module: str, unit: str) -> bool:
+    return module == unit or module.startswith(unit + ".")
+
+
+def test_shaping_planning_is_pure_and_testnet_is_for_tests() -> None:
+    """The roles of squall/shaping/'s folders hold: a plan does no I/O, and only tests build test nets."""
+    crossing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        here = module_of(path)
+        for line, module, _ in imports(path):
+            if module.split(".")[0] != "squall":
+                continue
+            if _inside(here, "squall.shaping.planning") and not any(_inside(module, u) for u in PLANNING_SEES):
+                crossing.append(f"{path.relative_to(REPO)}:{line}: the pure planning imports {module}")
+            if _inside(module, TESTNET) and not _inside(here, TESTNET):
+                crossing.append(f"{path.relative_to(REPO)}:{line}: {here} uses the test net {module}")
+    assert crossing == []
+
+
 def test_protocol_folders_do_not_import_each_other() -> None:
     """Spelled out, because it is the rule adding a protocol relies on: a folder can be removed alone."""
     folders = protocol_folders()
@@ -241,6 +272,8 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("module", "unit"), [
     ("squall.shaping.nfqueue.daemon", "squall.shaping"),
     ("squall.calibration.probes", "squall.calibration.probes"),
+    ("squall.worker.jsonline", "squall.worker.jsonline"),
+    ("squall.worker.agent", "squall.worker"),
     ("squall.calibration.runner", "squall.calibration"),
     ("squall.experiment.lab", "squall.experiment.lab"),
     ("squall.experiment.realised", "squall.experiment.realised"),
