@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fuzz.targets import DEMO_LIMITS, FUZZ_LIMITS
+from squall.cluster.swarm.wire import NodeCommand
 from squall.protocols.al_dsgd.exchange import make_header, pack
 from squall.protocols.demo.wire import SCHEMA as DEMO_SCHEMA
 from squall.protocols.demo.wire import payload_of
@@ -36,6 +37,8 @@ from squall.training.compress import (
 from squall.training.compress.fp4 import SCHEMA as FP4_SCHEMA
 from squall.training.compress.lattice import Encoded, encode
 from squall.wire import Message, MsgType, chunk_messages, encode_datagram, encode_message, pack_compressed
+from squall.worker.commands import AgentCommand
+from squall.worker.jsonline import encode_line
 
 CORPUS: Final = Path(__file__).resolve().parent / "corpus"
 PROFILES: Final = Path(__file__).resolve().parents[1] / "netem_profiles"
@@ -163,9 +166,22 @@ def lowcomm_seeds() -> list[bytes]:
     return [*seeds, b"\x01" + pack_compressed(demo, DEMO_SCHEMA, limits=FUZZ_LIMITS)]
 
 
+def control_seeds() -> list[bytes]:
+    """Control-socket lines as the host and the agents write them: every command of both protocols, an
+    answer, and a few near misses (no newline, two lines, not an object)."""
+    lines = [encode_line(c.request()) for c in AgentCommand] + [encode_line({"cmd": c.value, "token": "t" * 32})
+                                                                for c in NodeCommand]
+    lines += [encode_line(AgentCommand.RUN.request(job={"job_id": "j1", "entry": "noop", "rank": 0, "world_size": 1,
+                                                        "peers": ["10.0.0.2"], "out_dir": "/squall/run/jobs/j1"})),
+              encode_line({"ok": True, "state": "done", "exit_code": 0, "duration_s": 0.25}),
+              b'{"cmd": "ping"}', b'{"cmd": "ping"}\n{"cmd": "run"}\n', b"[1, 2]\n", b'{"cmd": 7}\n']
+    return lines
+
+
 SEEDS: Final = {"wire": wire_seeds, "framing": framing_seeds, "udp": udp_seeds, "swarm": swarm_seeds,
                 "moshpit": moshpit_seeds, "compressed": compressed_seeds, "stragglers": straggler_seeds,
-                "profile": profile_seeds, "trace": trace_seeds, "lowcomm": lowcomm_seeds}
+                "profile": profile_seeds, "trace": trace_seeds, "lowcomm": lowcomm_seeds,
+                "control": control_seeds}
 #: Inputs that once were findings (``regression-*``, kept by hand) stay when the seeds are rewritten.
 REGRESSION_PREFIX: Final = "regression-"
 

@@ -30,11 +30,12 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 CORPUS: Final = ROOT / "fuzz" / "corpus"
 RESULTS: Final = Path(os.environ.get("FUZZ_RESULTS", ROOT / "results"))  # new corpus, artifacts
 TARGET_NAMES: Final = ("wire", "framing", "udp", "swarm", "moshpit", "compressed", "stragglers", "profile",
-                              "trace", "lowcomm")
+                              "trace", "lowcomm", "control")
 PER_INPUT_SECONDS: Final = 1
 MEMORY_MB: Final = 64  # per input, above the process's baseline
 INSTRUMENTED: Final = ["squall.wire", "squall.transport", "squall.protocols.swarm", "squall.protocols.moshpit",
-                       "squall.protocols.demo", "squall.training", "squall.profiles"]
+                       "squall.protocols.demo", "squall.training", "squall.profiles", "squall.worker.jsonline",
+                       "squall.worker.commands"]
 _STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.MULTILINE)
 _PROGRESS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+)", re.MULTILINE)
 

@@ -11,13 +11,16 @@ decoder may allocate for one input is bounded by its own validated limits; see `
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import socket
 from collections.abc import Callable
 from typing import Final
 
 import numpy as np
 import torch
 
+from squall.cluster.swarm.wire import NodeCommand
 from squall.profiles import ProfileError, parse_profile
 from squall.profiles.availability import parse_availability
 from squall.profiles.link_traces import parse_trace
@@ -41,6 +44,8 @@ from squall.wire import (
     decode_message,
     unpack_compressed,
 )
+from squall.worker.commands import AgentCommand, UnknownCommand, command_of
+from squall.worker.jsonline import LineError, decode_line, read_line
 
 ALLOC_LIMIT_BYTES: Final = 64 << 20  # the brief's per-input allocation bound
 FUZZ_LIMITS: Final = WireLimits(max_message_bytes=ALLOC_LIMIT_BYTES)
@@ -197,6 +202,28 @@ def trace(data: bytes) -> None:
     assert all(len(row.values) == len(parsed.columns) for row in parsed.rows)
 
 
+CONTROL_LIMIT: Final = 1 << 12  # bytes in one fuzzed control line (the agents allow 1 MiB and 16 MiB)
+CONTROL_SOCKET_BYTES: Final = 1 << 15  # longer inputs skip the socket pair (its buffer is about 200 kB)
+
+
+def control_lines(data: bytes) -> None:
+    """One line on a control socket (``squall/worker/jsonline.py``), read from a real socket pair as the
+    job agent's client and the node agents read it (the peer sent ``data`` and closed), then its ``cmd``
+    looked up among the job agent's and the node agents' commands (``squall/worker/commands.py``)."""
+    if len(data) > CONTROL_SOCKET_BYTES:  # more than the pair's buffer holds without a reader: decoded alone
+        request = decode_line(data, limit=CONTROL_LIMIT)
+    else:
+        a, b = socket.socketpair()
+        with a, b:
+            a.sendall(data)
+            a.shutdown(socket.SHUT_WR)
+            request = read_line(b, limit=CONTROL_LIMIT)
+    assert isinstance(request, dict) and len(data) <= CONTROL_LIMIT + 1
+    for commands in (AgentCommand, NodeCommand):
+        with contextlib.suppress(UnknownCommand):
+            assert command_of(commands, request) == request["cmd"]
+
+
 TARGETS: Final[dict[str, Target]] = {
     "wire": (wire, (WireError,)),
     "framing": (framing, (WireError,)),
@@ -208,4 +235,5 @@ TARGETS: Final[dict[str, Target]] = {
     "profile": (profile, (ProfileError,)),
     "trace": (trace, (ProfileError,)),
     "lowcomm": (lowcomm, (WireError, ValueError)),
+    "control": (control_lines, (LineError,)),
 }

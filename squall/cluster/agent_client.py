@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from squall.cluster.errors import JobError
+from squall.worker.commands import AgentCommand
+from squall.worker.jsonline import LineError, read_line, write_line
 
-MAX_ANSWER = 1 << 20
+MAX_ANSWER = 1 << 20  # bytes in one answer line
 
 
 class AgentRequests:
@@ -41,7 +42,7 @@ class AgentRequests:
         if not self.reachable():
             return None
         try:
-            return self.checked({"cmd": "ping"}, timeout=timeout)
+            return self.checked(AgentCommand.PING.request(), timeout=timeout)
         except (JobError, ValueError):
             return None
 
@@ -71,18 +72,9 @@ class AgentClient(AgentRequests):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(timeout)
                 sock.connect(str(self.socket_path))
-                sock.sendall(json.dumps(obj).encode() + b"\n")
-                buf = bytearray()
-                while not buf.endswith(b"\n"):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        raise JobError(f"agent at {self.socket_path} closed the connection")
-                    buf += chunk
-                    if len(buf) > MAX_ANSWER:
-                        raise JobError(f"agent at {self.socket_path} answered more than {MAX_ANSWER} bytes")
+                write_line(sock, obj)
+                return read_line(sock, limit=MAX_ANSWER)
+        except LineError as exc:
+            raise JobError(f"agent at {self.socket_path} answered {obj.get('cmd')!r} badly: {exc}") from exc
         except OSError as exc:
             raise JobError(f"agent at {self.socket_path} did not answer {obj.get('cmd')!r}: {exc}") from exc
-        answer = json.loads(buf)
-        if not isinstance(answer, dict):
-            raise JobError(f"agent at {self.socket_path} answered {answer!r}")
-        return answer

@@ -8,7 +8,9 @@ It imports the heavy modules once (``--preload``), then serves a Unix socket in 
 host mounted into the container. The control plane therefore never crosses the shaped data-plane
 links, and the host needs no route into the container's network.
 
-Protocol: one JSON object per line each way (never pickle), at most :data:`MAX_REQUEST` bytes:
+Protocol: one JSON object per line each way (:mod:`squall.worker.jsonline`; never pickle), at most
+:data:`MAX_REQUEST` bytes; the commands are :class:`~squall.worker.commands.AgentCommand`'s members,
+each with one handler in :attr:`Agent.handlers`:
 
 =============================================  ===============================================
 request                                        answer
@@ -18,6 +20,7 @@ request                                        answer
 ``{"cmd": "wait", "job_id", "timeout"}``       ``{"ok": true, "state": "done"|"running", ...}``
 ``{"cmd": "cancel", "job_id"}``                ``{"ok": true, "state": ...}`` after SIGKILL
 ``{"cmd": "shutdown"}``                        ``{"ok": true}``, then the agent exits
+anything else                                  ``{"ok": false, "error"}`` naming the known commands
 =============================================  ===============================================
 
 Each job runs in a child forked from the agent (so torch is already imported: starting a job costs
@@ -31,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import logging
 import os
 import selectors
@@ -39,11 +41,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from squall.job import JobSpec, JobSpecError
+from squall.worker.commands import AgentCommand, UnknownCommand, command_of
+from squall.worker.jsonline import LineError, decode_line, encode_line
 
 logger = logging.getLogger("squall.worker.agent")
 
@@ -89,6 +94,14 @@ class Agent:
         tmp.rename(socket_path)  # the socket appears only once it accepts connections
         self.server.setblocking(False)
         self.sel.register(self.server, selectors.EVENT_READ, None)
+        #: one handler per command; each replies on the connection (or parks it, for ``wait``)
+        self.handlers: dict[AgentCommand, Callable[[_Conn, dict[str, Any]], None]] = {
+            AgentCommand.PING: self._ping,
+            AgentCommand.RUN: lambda conn, req: self._reply(conn, self._run(req.get("job"))),
+            AgentCommand.WAIT: self._park_wait,
+            AgentCommand.CANCEL: lambda conn, req: self._reply(conn, self._cancel(str(req.get("job_id")))),
+            AgentCommand.SHUTDOWN: self._shutdown,
+        }
 
     # -- loop -----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -140,7 +153,7 @@ class Agent:
         conn.sock.close()
 
     def _reply(self, conn: _Conn, obj: dict[str, Any]) -> None:
-        data = (json.dumps(obj) + "\n").encode()
+        data = encode_line(obj)
         try:
             conn.sock.setblocking(True)
             conn.sock.sendall(data)
@@ -151,28 +164,20 @@ class Agent:
     # -- requests -------------------------------------------------------------------------------
     def _handle(self, conn: _Conn, line: bytes) -> None:
         try:
-            req = json.loads(line)
-            if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
-                raise ValueError("request must be a JSON object with a string 'cmd'")
-        except ValueError as exc:
+            req = decode_line(line, limit=MAX_REQUEST)
+            handler = self.handlers[command_of(AgentCommand, req)]
+        except (LineError, UnknownCommand) as exc:
             self._reply(conn, {"ok": False, "error": f"bad request: {exc}"})
             return
-        cmd = req["cmd"]
-        if cmd == "ping":
-            running = sum(1 for j in self.jobs.values() if j.exit_code is None)
-            self._reply(conn, {"ok": True, "pid": os.getpid(), "preloaded": self.preloaded, "running": running})
-        elif cmd == "run":
-            self._reply(conn, self._run(req.get("job")))
-        elif cmd == "wait":
-            self._park_wait(conn, req)
-        elif cmd == "cancel":
-            self._reply(conn, self._cancel(str(req.get("job_id"))))
-        elif cmd == "shutdown":
-            self.running = False
-            self._reply(conn, {"ok": True})
-        else:
-            self._reply(conn, {"ok": False, "error": f"unknown cmd {cmd!r}; allowed: ping, run, wait, cancel, "
-                                                     "shutdown"})
+        handler(conn, req)
+
+    def _ping(self, conn: _Conn, req: dict[str, Any]) -> None:
+        running = sum(1 for j in self.jobs.values() if j.exit_code is None)
+        self._reply(conn, {"ok": True, "pid": os.getpid(), "preloaded": self.preloaded, "running": running})
+
+    def _shutdown(self, conn: _Conn, req: dict[str, Any]) -> None:
+        self.running = False
+        self._reply(conn, {"ok": True})
 
     def _run(self, obj: Any) -> dict[str, Any]:
         try:

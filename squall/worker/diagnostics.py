@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -20,11 +19,12 @@ import time
 from typing import Any
 
 from squall.job import JobContext
+from squall.worker.jsonline import LineError, read_line, write_line
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 29400
-MAX_LINE = 4096
+MAX_LINE = 4096  # bytes in one echo line
 
 
 def noop(ctx: JobContext) -> dict[str, Any]:
@@ -42,18 +42,6 @@ def sleep(ctx: JobContext) -> dict[str, Any]:
 def fail(ctx: JobContext) -> None:
     """Raise, with ``config.message`` as the reason."""
     raise RuntimeError(str(ctx.config.get("message", "failing on purpose")))
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(MAX_LINE)
-        if not chunk:
-            raise ConnectionError("peer closed the connection mid-message")
-        buf += chunk
-        if len(buf) > MAX_LINE:
-            raise ConnectionError("line too long")
-    return bytes(buf)
 
 
 class _EchoServer:
@@ -83,9 +71,9 @@ class _EchoServer:
         with conn:
             conn.settimeout(10.0)
             try:
-                msg = json.loads(_read_line(conn))
-                conn.sendall(json.dumps({"echo": msg["n"], "by": self.rank}).encode() + b"\n")
-            except (OSError, ValueError, KeyError, ConnectionError) as exc:
+                msg = read_line(conn, limit=MAX_LINE)
+                write_line(conn, {"echo": msg["n"], "by": self.rank})
+            except (OSError, LineError, KeyError) as exc:
                 logger.warning("echo server: bad exchange: %s", exc)
                 return
         with self.lock:
@@ -102,8 +90,8 @@ def _exchange(address: str, port: int, rank: int, n: int, timeout: float) -> tup
     t0 = time.monotonic()
     with socket.create_connection((address, port), timeout=timeout) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(json.dumps({"from": rank, "n": n}).encode() + b"\n")
-        answer = json.loads(_read_line(sock))
+        write_line(sock, {"from": rank, "n": n})
+        answer = read_line(sock, limit=MAX_LINE)
     if answer.get("echo") != n:
         raise ConnectionError(f"wrong echo {answer!r} for {n}")
     return int(answer["by"]), time.monotonic() - t0

@@ -73,7 +73,7 @@ def test_the_node_agent_refuses_requests_without_the_token_and_foreign_container
     (agent,) = docker_client.containers.list(filters={"label": [f"squall.run={swarm4.run_id}",
                                                                  "squall.role=node-agent"]})
     with pytest.raises(ClusterError, match="not a worker"):
-        link.call("container", container_id=agent.id, action="kill")
+        link.call(wire.NodeCommand.CONTAINER, container_id=agent.id, action="kill")
     assert agent.reload() is None and agent.status == "running"
 
 

@@ -10,11 +10,11 @@ import pytest
 
 from squall.cluster.swarm import wire
 from squall.cluster.swarm.cluster import subnet_prefix
-from squall.cluster.swarm.node_agent import cgroup_names
+from squall.cluster.swarm.node_agent import Agent, Config, cgroup_names
 from squall.profiles import LinkSpec, NodeLinkSpec, load_profile
 from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
 from squall.shaping import state_at
-from squall.shaping.base import Endpoint, LinkState
+from squall.shaping.base import Endpoint, LinkState, ShapingError
 
 
 def test_every_setting_of_a_link_survives_the_round_trip() -> None:
@@ -67,7 +67,7 @@ def test_lines_are_bounded_and_json_only() -> None:
     a, b = socket.socketpair()
     with a, b:
         threading.Thread(target=lambda: a.sendall(b"x" * 200), daemon=True).start()
-        with pytest.raises(wire.WireError, match="longer than 100"):
+        with pytest.raises(wire.WireError, match="longer than the limit of 100"):
             wire.read_line(b, limit=100)
     a, b = socket.socketpair()
     with a, b:
@@ -105,3 +105,25 @@ def test_a_256_worker_state_is_small_on_the_wire() -> None:
     assert len(state.links) == 256 * 255
     assert len(encoded) < wire.MAX_LINE // 8, len(encoded)
     assert wire.state_from_json(json.loads(encoded)) == state
+
+
+def _node_agent(tmp_path: Path) -> Agent:
+    """A node agent as the service starts one, without a Docker engine (the commands below need none)."""
+    config = Config("r1", 7000, "t" * 32, "svc", "net", tmp_path, 2, (0, 0))
+    return Agent(config, docker=None)
+
+
+def test_every_node_command_has_one_handler_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    agent = _node_agent(tmp_path)
+    try:
+        assert set(agent.handlers) == set(wire.NodeCommand)
+        hello = agent.handle({"cmd": "hello"})
+        assert hello["ok"] and hello["run"] == "r1" and hello["node"] == socket.gethostname()
+        refused = agent.handle({"cmd": "shape_explode"})
+        assert refused == {"ok": False, "error": "unknown command 'shape_explode'; known: "
+                           + ", ".join(c.value for c in wire.NodeCommand)}
+        assert not agent.handle({"no": "cmd"})["ok"]
+        with pytest.raises(ShapingError, match="no shaper is open"):  # dispatched to its handler
+            agent.handle({"cmd": "shape_check"})
+    finally:
+        agent.close()

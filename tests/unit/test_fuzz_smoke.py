@@ -28,6 +28,6 @@ def test_every_target_survives_a_short_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = json.loads(report.read_text())
     assert {row["target"] for row in rows} == {"wire", "framing", "udp", "swarm", "moshpit", "compressed", "stragglers",
-                                                   "profile", "trace", "lowcomm"}
+                                                   "profile", "trace", "lowcomm", "control"}
     for row in rows:
         assert row["findings"] == 0 and row["inputs"] > 0 and row["coverage"] > 0, row

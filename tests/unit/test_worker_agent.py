@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ import pytest
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.errors import JobError
 from squall.job import JobSpec, JobSpecError
+from squall.worker.agent import MAX_REQUEST, Agent
+from squall.worker.commands import AgentCommand
 from squall.worker.process import EXIT_BAD_SPEC, EXIT_FAILED, EXIT_OK, run_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,10 +99,10 @@ def test_agent_wait_times_out_and_cancel_kills(agent: AgentClient, tmp_path: Pat
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
-        ({"cmd": "explode"}, "unknown cmd"),
+        ({"cmd": "explode"}, "unknown command 'explode'; known: ping, run, wait, cancel, shutdown"),
         ({"cmd": "wait", "job_id": "nope"}, "no job"),
         ({"cmd": "run", "job": {"entry": "noop"}}, "lacks"),
-        ({"nocmd": 1}, "bad request"),
+        ({"nocmd": 1}, "bad request: a request needs a string 'cmd', got None; known: ping"),
     ],
 )
 def test_agent_refuses_bad_requests(agent: AgentClient, request_: dict[str, Any], message: str) -> None:
@@ -112,3 +115,39 @@ def test_agent_refuses_a_duplicate_job_id(agent: AgentClient, tmp_path: Path) ->
     agent.checked({"cmd": "run", "job": spec(tmp_path)})
     with pytest.raises(JobError, match="already started"):
         agent.checked({"cmd": "run", "job": spec(tmp_path)})
+
+
+def test_every_command_has_one_handler(tmp_path: Path) -> None:
+    """The dispatch table covers the enumeration exactly: a new command without a handler fails here."""
+    sock = Path(f"/tmp/sq-agent-{os.getpid()}-{time.monotonic_ns()}.sock")
+    served = Agent(sock, [])
+    try:
+        assert set(served.handlers) == set(AgentCommand)
+    finally:
+        served.sel.close()
+        served.server.close()
+        sock.unlink()
+
+
+def _raw(client: AgentClient, data: bytes) -> bytes:
+    """What the agent answers to ``data`` sent as is on a fresh connection (it closes after an oversize line)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)
+        sock.connect(str(client.socket_path))
+        sock.sendall(data)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
+def test_agent_answers_a_malformed_or_oversize_line_and_keeps_serving(agent: AgentClient) -> None:
+    malformed = json.loads(_raw(agent, b"{not json\n"))
+    assert malformed["ok"] is False and malformed["error"].startswith("bad request: not JSON")
+    assert "expected a JSON object, got list" in json.loads(_raw(agent, b"[1]\n"))["error"]
+    too_long = json.loads(_raw(agent, b"x" * (MAX_REQUEST + 2)))
+    assert too_long == {"ok": False, "error": f"request longer than {MAX_REQUEST} bytes"}
+    assert agent.ping() is not None

@@ -63,6 +63,7 @@ from squall.cluster.subnets import pick_free
 from squall.cluster.swarm import membership
 from squall.cluster.swarm.agent_image import ensure_agent_image
 from squall.cluster.swarm.remote import NodeLink, Placed, RelayAgentClient, SwarmShaper, offsets
+from squall.cluster.swarm.wire import NodeCommand
 from squall.shaping.base import Endpoint, Shaper
 
 logger = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ class SwarmCluster(Cluster):
                     continue
                 link = NodeLink(hostname, addr, self._port, self._token)
                 with contextlib.suppress(ClusterError):
-                    answer = link.call("hello", timeout=2)
+                    answer = link.call(NodeCommand.HELLO, timeout=2)
                     self.links[answer["node"]] = replace(link, node=str(answer["node"]))
             if len(self.links) >= len(wanted):
                 return
@@ -312,7 +313,7 @@ class SwarmCluster(Cluster):
         """Slot -> (node, the agent's record of its running, verified worker)."""
         found: dict[int, tuple[str, dict[str, Any]]] = {}
         for node, link in self.links.items():
-            for w in link.call("workers")["workers"]:
+            for w in link.call(NodeCommand.WORKERS)["workers"]:
                 if w["running"] and w["verified"] and w["address"]:
                     found[int(w["slot"])] = (node, w)
         return found
@@ -340,7 +341,7 @@ class SwarmCluster(Cluster):
     def fetch(self, node: SwarmNode, job_id: str) -> None:
         """Copy a job's output files from the worker's node into ``node.run_dir`` here."""
         assert node.link is not None
-        files = node.link.call("fetch", slot=node.index + 1, job_id=job_id)["files"]
+        files = node.link.call(NodeCommand.FETCH, slot=node.index + 1, job_id=job_id)["files"]
         out = node.run_dir / "jobs" / job_id
         out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
@@ -391,7 +392,7 @@ class SwarmCluster(Cluster):
     def _container_call(self, index: int, action: str) -> None:
         node = self._swarm_node(index)
         assert node.link is not None
-        node.link.call("container", container_id=node.container_id, action=action)
+        node.link.call(NodeCommand.CONTAINER, container_id=node.container_id, action=action)
 
     def kill(self, index: int) -> None:
         """SIGKILL worker ``index`` (Swarm does not replace it: restart condition none)."""
@@ -431,19 +432,19 @@ class SwarmCluster(Cluster):
         """Take worker ``index``'s data-plane interface down (Swarm keeps its network attachment)."""
         node = self._swarm_node(index)
         assert node.link is not None
-        node.link.call("link", container_id=node.container_id, up=False)
+        node.link.call(NodeCommand.LINK, container_id=node.container_id, up=False)
 
     def reconnect(self, index: int) -> None:
         """Bring worker ``index``'s interface back up, same address."""
         node = self._swarm_node(index)
         assert node.link is not None
-        node.link.call("link", container_id=node.container_id, up=True)
+        node.link.call(NodeCommand.LINK, container_id=node.container_id, up=True)
 
     def state(self, index: int) -> NodeState:
         """Whether worker ``index`` runs and is paused, as its node's engine says."""
         node = self._swarm_node(index)
         assert node.link is not None
-        for w in node.link.call("workers")["workers"]:
+        for w in node.link.call(NodeCommand.WORKERS)["workers"]:
             if w["container_id"] == node.container_id:
                 return NodeState(running=bool(w["running"]), paused=bool(w["paused"]))
         raise ClusterError(f"worker {index} ({node.name}) is gone from node {node.host}")

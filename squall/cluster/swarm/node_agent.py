@@ -21,6 +21,9 @@ read from the Swarm secret at start). What it does, always for *this node's* wor
   node's workers;
 * ``hello``: the node's name and clock, for the harness to measure clock offsets.
 
+Those are :class:`~squall.cluster.swarm.wire.NodeCommand`'s members, each with one handler in
+:attr:`Agent.handlers`; a request naming anything else is answered with the list of known ones.
+
 Run with ``python3 -m squall.cluster.swarm.node_agent``; configuration comes from the environment
 the service sets (:data:`ENV_KEYS`).
 """
@@ -39,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ from docker import errors as docker_errors
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.errors import JobError
 from squall.cluster.swarm import wire
+from squall.cluster.swarm.wire import NodeCommand
 from squall.shaping.base import (
     ELSEWHERE_PREFIX,
     Endpoint,
@@ -58,8 +62,11 @@ from squall.shaping.base import (
     Shaper,
     ShapingError,
 )
+from squall.worker.commands import UnknownCommand, command_of
 
 logger = logging.getLogger("squall.node_agent")
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]  # one command's request (token removed) to its answer
 
 ENV_KEYS = ("SQUALL_RUN", "SQUALL_AGENT_PORT", "SQUALL_TOKEN_FILE", "SQUALL_WORKER_SERVICE", "SQUALL_NETWORK",
             "SQUALL_RUN_DIR", "SQUALL_WORKERS", "SQUALL_OWNER_UID", "SQUALL_OWNER_GID")
@@ -124,6 +131,8 @@ class Agent:
         self.lock = threading.RLock()
         # the stand-in namespace of endpoints on other nodes (the shapers skip it by its name)
         self._placeholder = tempfile.NamedTemporaryFile(prefix=ELSEWHERE_PREFIX)  # noqa: SIM115
+        #: one handler per command (:class:`~squall.cluster.swarm.wire.NodeCommand`)
+        self.handlers = self._handlers()
 
     # -- workers ----------------------------------------------------------------------------------
     def workers(self) -> list[dict[str, Any]]:
@@ -256,68 +265,75 @@ class Agent:
             raise ShapingError("no shaper is open on this node")
         return self.shaper
 
-    def shape(self, cmd: str, request: dict[str, Any]) -> None:
-        """apply / clear / check / replace / close on this node's shaper."""
+    def shape_close(self) -> None:
+        """Clear and stop this node's shaper, if one is open."""
         with self.lock:
-            if cmd == "shape_close":
-                if self.shaper is not None:
-                    self.shaper.close()
-                    self.shaper = None
-                return
+            if self.shaper is not None:
+                self.shaper.close()
+                self.shaper = None
+
+    def shape_replace(self, request: dict[str, Any]) -> None:
+        """A worker restarted: re-plan it on this node's shaper, here or as one elsewhere."""
+        with self.lock:
             shaper = self._shaper()
-            if cmd == "shape_apply":
-                shaper.apply(wire.decode_state(request["state"]))
-            elif cmd == "shape_clear":
-                shaper.clear()
-            elif cmd == "shape_check":
-                shaper.check()
-            elif cmd == "shape_replace":
-                cid = request.get("container_id")
-                here = bool(cid) and request.get("node") == self.node
-                netns = self.netns_of(str(cid)) if here else self._placeholder.name
-                endpoint = Endpoint(int(request["index"]), str(request["address"]), netns)
-                if here:
-                    shaper.replace_endpoint(endpoint)
-                else:
-                    _multi_host(shaper).replace_elsewhere(endpoint)
+            cid = request.get("container_id")
+            here = bool(cid) and request.get("node") == self.node
+            netns = self.netns_of(str(cid)) if here else self._placeholder.name
+            endpoint = Endpoint(int(request["index"]), str(request["address"]), netns)
+            if here:
+                shaper.replace_endpoint(endpoint)
             else:
-                raise ValueError(f"unknown shaping command {cmd!r}")
+                _multi_host(shaper).replace_elsewhere(endpoint)
+
+    def _on_shaper(self, act: Callable[[Shaper], object]) -> None:
+        with self.lock:
+            act(self._shaper())
 
     # -- requests ---------------------------------------------------------------------------------
+    def _handlers(self) -> dict[NodeCommand, Handler]:
+        """One handler per command: the request (token removed) to the answer."""
+        return {
+            NodeCommand.HELLO: lambda r: {"ok": True, "node": self.node, "time": time.time(),
+                                          "run": self.config.run_id},
+            NodeCommand.WORKERS: lambda r: {"ok": True, "node": self.node, "workers": self.workers()},
+            NodeCommand.RELAY: self.relay,
+            NodeCommand.FETCH: lambda r: {"ok": True, "files": self.fetch(int(r["slot"]), str(r["job_id"]))},
+            NodeCommand.CONTAINER: _done(lambda r: self.container(str(r["container_id"]), str(r["action"]))),
+            NodeCommand.LINK: _done(lambda r: self.link(str(r["container_id"]), bool(r["up"]))),
+            NodeCommand.SHAPE_OPEN: lambda r: {"ok": True,
+                                               "backend": self.shape_open(r.get("backend"), list(r["endpoints"]))},
+            NodeCommand.SHAPE_APPLY: _done(lambda r: self._on_shaper(lambda s: s.apply(wire.decode_state(r["state"])))),
+            NodeCommand.SHAPE_CLEAR: _done(lambda r: self._on_shaper(lambda s: s.clear())),
+            NodeCommand.SHAPE_CHECK: _done(lambda r: self._on_shaper(lambda s: s.check())),
+            NodeCommand.SHAPE_REPLACE: _done(self.shape_replace),
+            NodeCommand.SHAPE_COUNTERS: self.shape_counters,
+            NodeCommand.SHAPE_CLOSE: _done(lambda r: self.shape_close()),
+        }
+
+    def relay(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Pass ``request["request"]`` to slot ``request["slot"]``'s job agent; its answer, or None and why."""
+        slot = int(request["slot"])
+        if not 1 <= slot <= self.config.workers:
+            raise ValueError(f"slot {slot} outside 1..{self.config.workers}")
+        client = AgentClient(slot_dir(self.config.run_dir, slot) / "agent.sock")
+        timeout = float(request.get("timeout", 30.0))
+        try:
+            return {"ok": True, "answer": client.request(dict(request["request"]), timeout=timeout)}
+        except (JobError, ValueError) as exc:
+            return {"ok": True, "answer": None, "error": str(exc)}
+
+    def shape_counters(self, request: dict[str, Any]) -> dict[str, Any]:
+        """This node's link counters, as rows."""
+        with self.lock:
+            return {"ok": True, "counters": wire.encode_counters(self._shaper().counters())}
+
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer one authenticated request."""
-        cmd = request.get("cmd")
-        if cmd == "hello":
-            return {"ok": True, "node": self.node, "time": time.time(), "run": self.config.run_id}
-        if cmd == "workers":
-            return {"ok": True, "node": self.node, "workers": self.workers()}
-        if cmd == "relay":
-            slot = int(request["slot"])
-            if not 1 <= slot <= self.config.workers:
-                raise ValueError(f"slot {slot} outside 1..{self.config.workers}")
-            client = AgentClient(slot_dir(self.config.run_dir, slot) / "agent.sock")
-            timeout = float(request.get("timeout", 30.0))
-            try:
-                return {"ok": True, "answer": client.request(dict(request["request"]), timeout=timeout)}
-            except (JobError, ValueError) as exc:
-                return {"ok": True, "answer": None, "error": str(exc)}
-        if cmd == "fetch":
-            return {"ok": True, "files": self.fetch(int(request["slot"]), str(request["job_id"]))}
-        if cmd == "container":
-            self.container(str(request["container_id"]), str(request["action"]))
-            return {"ok": True}
-        if cmd == "link":
-            self.link(str(request["container_id"]), bool(request["up"]))
-            return {"ok": True}
-        if cmd == "shape_open":
-            return {"ok": True, "backend": self.shape_open(request.get("backend"), list(request["endpoints"]))}
-        if cmd == "shape_counters":
-            with self.lock:
-                return {"ok": True, "counters": wire.encode_counters(self._shaper().counters())}
-        if isinstance(cmd, str) and cmd.startswith("shape_"):
-            self.shape(cmd, request)
-            return {"ok": True}
-        raise ValueError(f"unknown command {cmd!r}")
+        """Answer one authenticated request; an unknown command is refused with the known ones."""
+        try:
+            cmd = command_of(NodeCommand, request)
+        except UnknownCommand as exc:
+            return {"ok": False, "error": str(exc)}
+        return self.handlers[cmd](request)
 
     def close(self) -> None:
         """Clear and stop the shaper (the run is ending)."""
@@ -329,6 +345,16 @@ class Agent:
                     logger.error("closing the shaper: %s", exc)
                 self.shaper = None
         self._placeholder.close()
+
+
+def _done(act: Callable[[dict[str, Any]], object]) -> Handler:
+    """A handler that does ``act`` and answers a plain ``ok``."""
+
+    def handler(request: dict[str, Any]) -> dict[str, Any]:
+        act(request)
+        return {"ok": True}
+
+    return handler
 
 
 def _multi_host(shaper: Shaper) -> MultiHostShaper:

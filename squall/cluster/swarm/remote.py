@@ -23,6 +23,7 @@ from typing import Any
 from squall.cluster.agent_client import AgentRequests
 from squall.cluster.errors import ClusterError, JobError
 from squall.cluster.swarm import wire
+from squall.cluster.swarm.wire import NodeCommand
 from squall.shaping.base import Endpoint, LinkCounters, LinkState, ShapingError
 
 logger = logging.getLogger(__name__)
@@ -37,10 +38,10 @@ class NodeLink:
     port: int
     token: str
 
-    def call(self, cmd: str, *, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+    def call(self, cmd: NodeCommand, *, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
         """Send one command; return the answer, :class:`ClusterError` when the agent refuses or fails."""
         try:
-            answer = wire.call((self.host, self.port), self.token, {"cmd": cmd, **fields}, timeout=timeout)
+            answer = wire.call((self.host, self.port), self.token, {"cmd": cmd.value, **fields}, timeout=timeout)
         except wire.WireError as exc:
             raise ClusterError(f"node {self.node}: {exc}") from exc
         if not answer.get("ok"):
@@ -52,7 +53,7 @@ class NodeLink:
         best: tuple[float, float] | None = None
         for _ in range(tries):
             t0 = time.time()
-            answer = self.call("hello", timeout=10)
+            answer = self.call(NodeCommand.HELLO, timeout=10)
             t1 = time.time()
             sample = (t1 - t0, float(answer["time"]) - (t0 + t1) / 2)
             best = sample if best is None or sample[0] < best[0] else best
@@ -72,7 +73,7 @@ class RelayAgentClient(AgentRequests):
     def request(self, obj: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
         """Send one request and return the answer; :class:`JobError` when nobody answers."""
         try:
-            answer = self.link.call("relay", slot=self.slot, request=obj, timeout=timeout + 5)
+            answer = self.link.call(NodeCommand.RELAY, slot=self.slot, request=obj, timeout=timeout + 5)
         except ClusterError as exc:
             raise JobError(f"worker slot {self.slot} on {self.link.node}: {exc}") from exc
         inner = answer.get("answer")
@@ -125,13 +126,13 @@ class SwarmShaper:
         backends: dict[str, str] = {}
 
         def open_one(link: NodeLink) -> None:
-            backends[link.node] = link.call("shape_open", backend=backend, endpoints=endpoints,
+            backends[link.node] = link.call(NodeCommand.SHAPE_OPEN, backend=backend, endpoints=endpoints,
                                             timeout=timeout)["backend"]
 
         failed = {n: e for n, e in _each(self.links, open_one).items() if e is not None}
         if failed or len(set(backends.values())) > 1:
             self._closed = True
-            _each([lk for lk in self.links if lk.node in backends], lambda lk: lk.call("shape_close"))
+            _each([lk for lk in self.links if lk.node in backends], lambda lk: lk.call(NodeCommand.SHAPE_CLOSE))
             why = "; ".join(f"{n}: {e}" for n, e in failed.items()) or f"nodes chose different backends {backends}"
             raise ShapingError(f"cannot open shaping on every node: {why}")
         self.backend = next(iter(backends.values()))
@@ -141,7 +142,8 @@ class SwarmShaper:
         if self._closed:
             raise ShapingError("the swarm shaper is closed")
 
-    def _all(self, cmd: str, links: Sequence[NodeLink] | None = None, **fields: Any) -> dict[str, BaseException]:
+    def _all(self, cmd: NodeCommand, links: Sequence[NodeLink] | None = None,
+             **fields: Any) -> dict[str, BaseException]:
         return {n: e for n, e in _each(list(links or self.links),
                                        lambda lk: lk.call(cmd, timeout=self.timeout, **fields)).items()
                 if e is not None}
@@ -150,13 +152,13 @@ class SwarmShaper:
         """Every node applies the state to its namespaces; if one fails, the others are put back."""
         self._require_open()
         t0 = time.monotonic()
-        failed = self._all("shape_apply", state=wire.encode_state(state))  # encoded once for every node
+        failed = self._all(NodeCommand.SHAPE_APPLY, state=wire.encode_state(state))  # encoded once for every node
         if failed:
             done = [lk for lk in self.links if lk.node not in failed]
             if self._state is not None:
-                back = self._all("shape_apply", done, state=wire.encode_state(self._state))
+                back = self._all(NodeCommand.SHAPE_APPLY, done, state=wire.encode_state(self._state))
             else:
-                back = self._all("shape_clear", done)
+                back = self._all(NodeCommand.SHAPE_CLEAR, done)
             why = "; ".join(f"{n}: {e}" for n, e in failed.items())
             extra = f" (and putting back {sorted(back)} failed too: {back})" if back else ""
             raise ShapingError(f"shaping not applied on every node, the others were put back{extra}: {why}")
@@ -166,7 +168,7 @@ class SwarmShaper:
 
     def clear(self) -> None:
         """Every node removes what its shaper added."""
-        failed = self._all("shape_clear")
+        failed = self._all(NodeCommand.SHAPE_CLEAR)
         self._state = None
         if failed:
             raise ShapingError("clear failed on " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
@@ -175,7 +177,7 @@ class SwarmShaper:
         """A worker restarted (maybe elsewhere, maybe with a new address): every node re-plans."""
         self._require_open()
         placed = self.locate(endpoint.index)
-        failed = self._all("shape_replace", **placed.to_json())
+        failed = self._all(NodeCommand.SHAPE_REPLACE, **placed.to_json())
         if failed:
             raise ShapingError("re-applying after a restart failed on "
                                + "; ".join(f"{n}: {e}" for n, e in failed.items()))
@@ -187,7 +189,8 @@ class SwarmShaper:
         found: dict[str, LinkCounters] = {}
 
         def one(link: NodeLink) -> None:
-            found[link.node] = wire.decode_counters(link.call("shape_counters", timeout=self.timeout)["counters"])
+            answer = link.call(NodeCommand.SHAPE_COUNTERS, timeout=self.timeout)
+            found[link.node] = wire.decode_counters(answer["counters"])
 
         failed = {n: e for n, e in _each(self.links, one).items() if e is not None}
         if failed:
@@ -201,7 +204,7 @@ class SwarmShaper:
         """Raise :class:`ShapingError` when any node's shaping stopped."""
         if self._closed:
             return
-        failed = self._all("shape_check")
+        failed = self._all(NodeCommand.SHAPE_CHECK)
         if failed:
             raise ShapingError("shaping stopped on " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
 
@@ -210,7 +213,7 @@ class SwarmShaper:
         if self._closed:
             return
         self._closed = True
-        failed = self._all("shape_close")
+        failed = self._all(NodeCommand.SHAPE_CLOSE)
         if failed:
             raise ShapingError("closing shaping failed on " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
 

@@ -1,7 +1,8 @@
 """What crosses between the harness and the node agents: token-checked JSON lines, and the codecs.
 
 One TCP connection per request: the harness sends one JSON object on one line, the agent answers
-one JSON object on one line. Every request carries the run's token (kept by Swarm as a secret and
+one JSON object on one line (:mod:`squall.worker.jsonline` reads and writes them); what a request
+may ask is :class:`NodeCommand`. Every request carries the run's token (kept by Swarm as a secret and
 mounted into the agents at /run/secrets); the agent compares it in constant time and answers
 nothing useful without it. Only JSON is ever decoded here: no pickle, no eval, sizes bounded.
 
@@ -18,11 +19,13 @@ import dataclasses
 import hmac
 import json
 import socket
+from enum import StrEnum
 from typing import Any
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
 from squall.shaping.base import Endpoint, LinkCount, LinkCounters, LinkState
+from squall.worker import jsonline
 
 MAX_LINE = 16 << 20  # a 256-worker LinkState is about 65 000 links: a few MB of JSON
 
@@ -36,28 +39,36 @@ def token_ok(given: object, expected: str) -> bool:
     return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
 
 
+class NodeCommand(StrEnum):
+    """What the harness asks a node agent; each comment is the agent's answer in its own words."""
+
+    HELLO = "hello"  # "This is my node's name, my clock's time and the run I serve."
+    WORKERS = "workers"  # "These are the run's worker containers on my node, each checked against /proc."
+    RELAY = "relay"  # "I passed your request to that slot's job agent, and here is what it answered."
+    FETCH = "fetch"  # "Here are that finished job's result, metrics and log, as they are on my node."
+    CONTAINER = "container"  # "I killed, paused, unpaused, restarted or started that worker of mine."
+    LINK = "link"  # "I took that worker's data-plane interface down, or brought it back up."
+    SHAPE_OPEN = "shape_open"  # "I opened a shaper on my workers' namespaces: here is its backend."
+    SHAPE_APPLY = "shape_apply"  # "I applied the part of this link state that lands on my node."
+    SHAPE_CLEAR = "shape_clear"  # "I removed everything my shaper added."
+    SHAPE_CHECK = "shape_check"  # "My shaping still runs (else an error says what stopped)."
+    SHAPE_REPLACE = "shape_replace"  # "I re-planned around the worker that restarted, wherever it runs now."
+    SHAPE_COUNTERS = "shape_counters"  # "These are the bytes, packets and drops my node counted per link."
+    SHAPE_CLOSE = "shape_close"  # "I cleared and stopped my shaper."
+
+
 def read_line(sock: socket.socket, limit: int = MAX_LINE) -> dict[str, Any]:
-    """One JSON object from one line on ``sock``; :class:`WireError` if it is not one."""
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            raise WireError("the peer closed the connection before a whole line")
-        buf += chunk
-        if len(buf) > limit:
-            raise WireError(f"a line longer than {limit} bytes")
+    """One JSON object from one line on ``sock`` (:func:`squall.worker.jsonline.read_line`);
+    :class:`WireError` if it is not one."""
     try:
-        obj = json.loads(buf)
-    except ValueError as exc:
-        raise WireError(f"not JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise WireError(f"expected a JSON object, got {type(obj).__name__}")
-    return obj
+        return jsonline.read_line(sock, limit=limit)
+    except jsonline.LineError as exc:
+        raise WireError(str(exc)) from exc
 
 
 def write_line(sock: socket.socket, obj: dict[str, Any]) -> None:
     """Send ``obj`` as one JSON line."""
-    sock.sendall(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+    jsonline.write_line(sock, obj)
 
 
 def call(address: tuple[str, int], token: str, request: dict[str, Any], *, timeout: float = 30.0) -> dict[str, Any]:
