@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from squall.shaping.echo_probe import probe
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
 from squall.shaping.nfqueue.control import ControlClient
 from squall.shaping.nfqueue.launcher import DaemonProcess
-from squall.shaping.testbed import Link, Testbed
+from squall.shaping.testnet.echo_probe import probe
+from squall.shaping.testnet.veth_pairs import Link, Testbed
 
 BLAST_PORT = 9100
 ECHO_PORT = 9000

@@ -15,7 +15,7 @@ Part 1, a real 16-container cluster and the nfqueue backend (this kernel has no 
   nodes 0 and 15: two round trips of 2 x 50 ms each, about 200 ms give or take the 2 ms jitter).
 
 Part 2, the delay daemon at 16 nodes, all 240 directed links at 20 ms, in plain namespaces on a
-bridge (:class:`squall.shaping.lan.BridgedLan`): senders in 4 hosts offer 64-byte UDP to all 15
+bridge (:class:`squall.shaping.testnet.bridged_lan.BridgedLan`): senders in 4 hosts offer 64-byte UDP to all 15
 others (the paced sender of ``benchmarks/nfqueue_daemon.py``), receivers drop it after the daemon
 released it; a 500/s echo probe between two other hosts measures the one-way delay. Reported per
 load: released packets/s, kernel drops, daemon CPU, release lateness p50/p99/max, probe excess.
@@ -43,9 +43,9 @@ import nfqueue_daemon  # the paced sender and settle() of the daemon benchmark (
 from squall.cluster import Cluster, ClusterSpec
 from squall.profiles import LinkSpec, load_profile
 from squall.shaping import LinkState, open_shaper, state_at
-from squall.shaping.lan import BridgedLan
 from squall.shaping.nfqueue.backend import NfqueueShaper
-from squall.shaping.state import partition_pairs
+from squall.shaping.planning.state import partition_pairs
+from squall.shaping.testnet.bridged_lan import BridgedLan
 
 TARGETS = {"apply_s@16": 1.0, "change_s@16": 0.1}
 ECHO_PORT = 9000

@@ -4,7 +4,7 @@ It answers before a run is tried: which engine a run would use (the local engine
 the engine is a swarm manager, or *refused* where ``DOCKER_HOST`` names an engine on another
 machine: :mod:`squall.cluster.remote`), the Docker version and whether the engine answers, which
 shaping backend would be chosen and why (the same netem probe :func:`squall.shaping.select.open_shaper`
-uses), the kernel features probed in a throw-away namespace (:mod:`squall.shaping.features`),
+uses), the kernel features probed in a throw-away namespace (:mod:`squall.shaping.capabilities.features`),
 whether the worker image is built for the current inputs, and the CPU count and load.
 
 Three parts, one job each: :func:`gather` reads the machine (the only part with side effects, all
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from squall.cli.profiles import format_table
-from squall.shaping.features import Feature, kernel_features
+from squall.shaping.capabilities.features import Feature, kernel_features
 
 EXIT_OK = 0  # the values of squall.cli.main's codes
 EXIT_ENVIRONMENT = 3
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 ENGINE_CHOICES: tuple[str, ...] = tuple("none local swarm refused".split())  # noqa: SIM905 (see above)
 NO_ENGINE, LOCAL, SWARM, REFUSED = ENGINE_CHOICES
 
-#: What each shaping backend cannot do without (feature names of squall.shaping.features).
+#: What each shaping backend cannot do without (feature names of squall.shaping.capabilities.features).
 BACKEND_NEEDS: dict[str, tuple[str, ...]] = {
     "netem": ("sch_netem", "htb", "u32", "veth"),
     "nfqueue": ("nfqueue", "iptables statistic", "htb", "veth"),

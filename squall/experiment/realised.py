@@ -24,7 +24,7 @@ from squall.experiment.timeline import Action
 from squall.profiles import LinkSpec, NodeLinkSpec
 from squall.profiles.model import Chance, Distribution, GilbertElliott, Jitter, Loss
 from squall.shaping import LinkState, TimedState
-from squall.shaping.changes import changed_links
+from squall.shaping.planning.changes import changed_links
 
 CUT = "cut"
 

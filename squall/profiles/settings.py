@@ -9,8 +9,8 @@ A row says everything the harness needs to know about one setting:
   a profile's ``1%`` is read as 0.01, the shaping plans hold 0.01, and each backend translates it
   once, where it writes it (netem's netlink encoding, ``squall.shaping.netem.wire``; the delay
   daemon's configuration, ``squall.shaping.nfqueue.config``; HTB's bytes per second in
-  ``squall.shaping.tc``). ``check`` applies the bounds to a hand-built value
-  (``squall.shaping.convert.check_spec``); the **neutral** value is the LinkSpec default;
+  ``squall.shaping.kernel.tc``). ``check`` applies the bounds to a hand-built value
+  (``squall.shaping.planning.checks.check_spec``); the **neutral** value is the LinkSpec default;
 * **shaping**: on each backend the carrier (the plan operation that applies it, and the attributes
   of that operation's value that hold it) and the parts the backend refuses. The backends derive
   from it which settings a netem leaf and the delay daemon carry, and the refusals;

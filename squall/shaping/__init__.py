@@ -8,23 +8,23 @@ Typical use::
     shaper.check()               # raises if shaping silently stopped
     shaper.close()               # clear + stop helpers
 
-Generic modules: ``base`` (the interface), ``state`` (profile -> LinkState), ``ops`` and ``plan``
-(pure: the operations both backends share), ``convert`` (checks against the settings table, HTB
-sizes), ``tcdiff`` (old ops -> steps), ``netlink`` (message framing), ``namespace`` and ``netns``
-(entering a namespace), ``tc``, ``iptables`` and ``nft_table`` (executors), ``executor``
-(all-or-nothing over nodes), ``kernel_probe`` (does the kernel take a qdisc), ``features``,
-``lan``/``testbed``/``echo_probe`` (namespaces and probes for tests and benchmarks). The backends
-are self-contained packages: ``netem`` (its leaf, wire encoding, plan, probe and shaper) and
-``nfqueue`` (its plan, the delay daemon, the bridge hold, its host leftovers). Only ``select``
-imports them: ``open_shaper``, ``netem_probe`` and ``host_leftovers`` are the way in.
+Who does what: ``base`` is the interface every backend implements; ``planning/`` turns a profile
+into link states and a state into kernel operations and in-place changes, with no I/O;
+``kernel/`` talks to the kernel (enters namespaces, frames netlink, runs tc and iptables, applies
+a plan to every node all or nothing); ``capabilities/`` probes what the kernel can do;
+``clock/`` runs a run's planned changes at their due times; ``testnet/`` builds hosts in plain
+namespaces for tests and benchmarks. The backends are self-contained packages: ``netem`` (its
+leaf, wire encoding, plan, probe and shaper) and ``nfqueue`` (its plan, the delay daemon, the
+bridge hold, its host leftovers). Only ``select`` imports them: ``open_shaper``, ``netem_probe``
+and ``host_leftovers`` are the way in.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, Shaper, ShapingError
-from squall.shaping.changes import NotInPlace, TimedState
-from squall.shaping.ops import NodePlan
-from squall.shaping.state import link_timeline, state_at
+from squall.shaping.planning.changes import NotInPlace, TimedState
+from squall.shaping.planning.ops import NodePlan
+from squall.shaping.planning.state import link_timeline, state_at
 
 if TYPE_CHECKING:
     from squall.shaping.select import netem_available, netem_probe, open_shaper

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from squall.profiles import LinkSpec, NodeLinkSpec
 
 if TYPE_CHECKING:  # both import this module
-    from squall.shaping.changes import TimedState
-    from squall.shaping.timed import ChangeRun
+    from squall.shaping.clock.change_run import ChangeRun
+    from squall.shaping.planning.changes import TimedState
 
 BACKENDS = ("netem", "nfqueue")
 
@@ -124,10 +124,10 @@ class Shaper(Protocol):
 class SchedulingShaper(Shaper, Protocol):
     """A shaper that applies a whole run's link changes in place, from a real-time executor.
 
-    ``schedule`` plans every state of ``timeline`` (:class:`squall.shaping.changes.TimedState`, the
+    ``schedule`` plans every state of ``timeline`` (:class:`squall.shaping.planning.changes.TimedState`, the
     first at 0) on one tree, applies the first now and returns a
-    :class:`squall.shaping.timed.ChangeRun`; ``go(start)`` starts the clock, ``finish()`` returns
-    when each change was done. It raises :class:`squall.shaping.changes.NotInPlace` when the
+    :class:`squall.shaping.clock.change_run.ChangeRun`; ``go(start)`` starts the clock, ``finish()`` returns
+    when each change was done. It raises :class:`squall.shaping.planning.changes.NotInPlace` when the
     timeline cannot be applied by changes alone.
     """
 

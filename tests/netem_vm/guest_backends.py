@@ -26,7 +26,7 @@ import pytest
 
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec
 from squall.shaping import LinkState, Shaper, open_shaper
-from squall.shaping.echo_probe import ProbeResult
+from squall.shaping.testnet.echo_probe import ProbeResult
 from tests.integration.test_shaping_backends import (
     CHANGE_DEADLINE_MS,
     DELAY_ABS_TOLERANCE_US,

@@ -4,7 +4,7 @@ The netem VM (``scripts/netem-vm/``) has a netem kernel but no Docker, so the co
 the calibration run there on this stand-in. It offers what they use of
 :class:`squall.cluster.Cluster` (``run_id``, ``nodes``, ``engine``, ``endpoints()``,
 ``open_shaper()``, ``placement()``, ``clock_offsets()``, ``start_job``, ``run_job``) and nothing
-else. The namespaces are :class:`squall.shaping.lan.BridgedLan`'s (``h<i>`` with ``eth0`` a veth
+else. The namespaces are :class:`squall.shaping.testnet.bridged_lan.BridgedLan`'s (``h<i>`` with ``eth0`` a veth
 port of a bridge, as a container's); each runs the same agent the containers run
 (:mod:`squall.worker.agent`, probe jobs preloaded, so a job costs a fork rather than a Python start,
 which is several seconds under TCG), reached through a Unix socket in a temporary directory, and
@@ -32,7 +32,7 @@ from squall.cluster.errors import JobError
 from squall.cluster.jobs import JobResult
 from squall.shaping import Shaper, open_shaper
 from squall.shaping.base import Endpoint
-from squall.shaping.lan import BridgedLan
+from squall.shaping.testnet.bridged_lan import BridgedLan
 
 logger = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from squall.profiles import Profile, load_profile, profile_from_data
 from squall.shaping import Endpoint, state_at
-from squall.shaping.iptables import rule_args
+from squall.shaping.kernel.iptables import rule_args
 from squall.shaping.netem.backend import duplication_by_tee
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import plan_netem
 from squall.shaping.nfqueue.config import LinkParams
 from squall.shaping.nfqueue.plan import plan_nfqueue
-from squall.shaping.ops import QdiscOp
+from squall.shaping.planning.ops import QdiscOp
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 INLINE: dict[str, dict[str, object]] = {

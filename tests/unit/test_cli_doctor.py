@@ -1,4 +1,4 @@
-"""``squall doctor`` (squall/cli/doctor.py) and the kernel feature probe (squall/shaping/features.py).
+"""``squall doctor`` (squall/cli/doctor.py) and the kernel feature probe (squall/shaping/capabilities/features.py).
 
 The verdict is pure and tested on written facts. The probe runs for real on this kernel and must
 leave nothing: the host's links, iptables rules and named namespaces are the same before and after.
@@ -28,7 +28,7 @@ from squall.cli.doctor import (
     render,
     to_json,
 )
-from squall.shaping.features import USES, Feature, kernel_features
+from squall.shaping.capabilities.features import USES, Feature, kernel_features
 from squall.shaping.select import netem_probe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ import statistics
 
 import pytest
 
-from squall.shaping.distributions import pareto_from_tail
 from squall.shaping.nfqueue.config import GilbertElliott, LinkParams
 from squall.shaping.nfqueue.engine import DROP, LinkModel
 from squall.shaping.nfqueue.jitter import theoretical_sd
+from squall.shaping.planning.distributions import pareto_from_tail
 
 N = 40_000
 Z99 = 2.576

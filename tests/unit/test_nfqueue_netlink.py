@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from squall.shaping.netlink import NLMSG_ERROR, attr
+from squall.shaping.kernel.netlink import NLMSG_ERROR, attr
+from squall.shaping.kernel.nft_table import NFT_MSG_DELTABLE, delete_table_batch
 from squall.shaping.nfqueue.netlink import (
     MSG_CONFIG,
     MSG_PACKET,
@@ -28,7 +29,6 @@ from squall.shaping.nfqueue.netlink import (
     verdict_prefix,
 )
 from squall.shaping.nfqueue.state import parse_kernel_stats
-from squall.shaping.nft_table import NFT_MSG_DELTABLE, delete_table_batch
 
 
 def _packet(queue: int, pid: int) -> bytes:

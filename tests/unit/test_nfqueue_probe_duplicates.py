@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 
-from squall.shaping.echo_probe import probe
+from squall.shaping.testnet.echo_probe import probe
 
 _STAMP = struct.Struct("!Q")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from squall.shaping import iptables
+from squall.shaping.kernel import iptables
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.errors import RulesError
 from squall.shaping.nfqueue.rules import SourceRule

@@ -24,7 +24,7 @@ from squall.profiles.bounds import (
 from squall.profiles.churn import MAX_CHURN_DRAWS, likely_most
 from squall.profiles.model import Jitter
 from squall.profiles.settings import out_of_bounds
-from squall.shaping.convert import UNLIMITED_BPS
+from squall.shaping.planning.checks import UNLIMITED_BPS
 from tests.unit.traced_profiles import shipped_params
 
 HEAD = "name: t\ndescription: a test profile\n"

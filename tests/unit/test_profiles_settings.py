@@ -21,12 +21,12 @@ from squall.profiles.errors import Origin
 from squall.profiles.links import parse_link_section
 from squall.profiles.model import Distribution
 from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS, Carrier, calm, refusals
-from squall.shaping import ops
 from squall.shaping.base import BACKENDS, Endpoint, LinkState, ShapingError
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import NETEM_ATTRS, netem_qdisc, plan_netem
 from squall.shaping.nfqueue import config as daemon_config
 from squall.shaping.nfqueue.plan import DAEMON_PARAMS, link_params, plan_nfqueue
+from squall.shaping.planning import ops
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(2)]
 PLAN_TYPES = {cls.__name__: cls for cls in (Netem, ops.Pfifo, ops.ClassOp, ops.RuleOp, daemon_config.LinkParams)}

@@ -11,14 +11,14 @@ from squall.experiment.realised import change_records, replayed
 from squall.profiles import LinkSpec, Loss, NodeLinkSpec, profile_from_data
 from squall.shaping import LinkState, NotInPlace, link_timeline
 from squall.shaping.base import Endpoint
-from squall.shaping.changes import Keep, TimedState, cuts_as_loss, pairs_ever, plan_in_place
+from squall.shaping.clock.sender import Agenda, NamespaceRef, Schedule, ScheduleEntry
+from squall.shaping.kernel.netlink import NLMSGHDR
 from squall.shaping.netem.plan import needs_netem, plan_netem
-from squall.shaping.netlink import NLMSGHDR
 from squall.shaping.nfqueue.plan import delays_in_daemon, link_params, plan_nfqueue
-from squall.shaping.ops import ClassOp, NodePlan, Pfifo, QdiscOp, handle
-from squall.shaping.scheduled import Agenda, NamespaceRef, Schedule, ScheduleEntry
-from squall.shaping.tcdiff import TcStep
-from squall.shaping.tcwire import RTM_NEWTCLASS, burst_ticks, change_message, split, with_seq
+from squall.shaping.planning.changes import Keep, TimedState, cuts_as_loss, pairs_ever, plan_in_place
+from squall.shaping.planning.ops import ClassOp, NodePlan, Pfifo, QdiscOp, handle
+from squall.shaping.planning.tc_diff import TcStep
+from squall.shaping.planning.tc_messages import RTM_NEWTCLASS, burst_ticks, change_message, split, with_seq
 
 EPS = [Endpoint(i, f"10.0.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 PROFILE = profile_from_data({

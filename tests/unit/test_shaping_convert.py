@@ -7,12 +7,12 @@ import pytest
 from squall.profiles import Chance, GilbertElliott, Jitter, LinkSpec, Loss
 from squall.profiles.model import Distribution
 from squall.shaping.base import ShapingError
-from squall.shaping.convert import burst_bytes, check_spec
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import needs_netem, netem_qdisc, queue_limit
 from squall.shaping.nfqueue.config import GilbertElliott as DaemonGE
 from squall.shaping.nfqueue.config import LinkParams
 from squall.shaping.nfqueue.plan import delays_in_daemon, fifo_limit, link_params
+from squall.shaping.planning.checks import burst_bytes, check_spec
 
 PARAMS = [
     pytest.param(LinkSpec(), LinkParams(), id="perfect"),

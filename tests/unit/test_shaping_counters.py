@@ -13,7 +13,7 @@ from squall.shaping.netem.backend import NetemShaper
 from squall.shaping.netem.counting import ETHERNET_HEADER, Accumulator, TcCount, link_count
 from squall.shaping.netem.plan import plan_netem
 from squall.shaping.nfqueue.hold_plan import HoldRule, fill_script, link_counts, rule_line
-from squall.shaping.ops import ClassOp, FilterOp, handle, peer_minor
+from squall.shaping.planning.ops import ClassOp, FilterOp, handle, peer_minor
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", "/proc/self/ns/net") for i in range(3)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from squall.shaping.base import ShapingError
-from squall.shaping.iptables import Chains, fill_script, has_chains, present_jumps, remove_script, rule_args
-from squall.shaping.ops import RuleOp
+from squall.shaping.kernel.iptables import Chains, fill_script, has_chains, present_jumps, remove_script, rule_args
+from squall.shaping.planning.ops import RuleOp
 
 CHAINS = Chains("r1")
 RULES = [

@@ -10,12 +10,13 @@ import struct
 import pytest
 
 from squall.profiles import Chance, GilbertElliott, LinkSpec
-from squall.shaping import Endpoint, LinkState, netlink
+from squall.shaping import Endpoint, LinkState
+from squall.shaping.kernel import netlink
 from squall.shaping.netem import wire as w
 from squall.shaping.netem.backend import duplication_by_tee
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import plan_netem
-from squall.shaping.ops import QdiscOp, RuleOp
+from squall.shaping.planning.ops import QdiscOp, RuleOp
 from tests.unit.shaping_pins import NAMES, written
 
 U = 0xFFFFFFFF

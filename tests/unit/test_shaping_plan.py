@@ -13,7 +13,7 @@ from squall.shaping.nfqueue.backend import hold_rules
 from squall.shaping.nfqueue.config import LinkParams
 from squall.shaping.nfqueue.hold_plan import HoldRule, QueueBlock
 from squall.shaping.nfqueue.plan import NfqueuePlan, QueueOp, plan_nfqueue
-from squall.shaping.ops import (
+from squall.shaping.planning.ops import (
     ETH_P_ALL,
     ETH_P_IP,
     INGRESS_HANDLE,

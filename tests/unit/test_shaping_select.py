@@ -8,7 +8,7 @@ import pytest
 
 from squall.shaping import select
 from squall.shaping.base import BACKENDS, Endpoint, ShapingError
-from squall.shaping.kernel_probe import ProbeResult
+from squall.shaping.capabilities.qdisc_probe import ProbeResult
 
 EPS = [Endpoint(0, "10.0.0.2", "/proc/1/ns/net")]
 

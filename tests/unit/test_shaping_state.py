@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from squall.profiles import ChurnEvent, ChurnKind, LinkSpec, NodeLinkSpec, Profile, load_profile, parse_profile
-from squall.shaping.state import blocked_after, partition_pairs, state_at
+from squall.shaping.planning.state import blocked_after, partition_pairs, state_at
 
 K = ChurnKind
 

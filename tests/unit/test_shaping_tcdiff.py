@@ -7,8 +7,8 @@ from squall.shaping.base import Endpoint, LinkState
 from squall.shaping.netem.leaf import Netem
 from squall.shaping.netem.plan import plan_netem
 from squall.shaping.nfqueue.plan import plan_nfqueue
-from squall.shaping.ops import TC_H_INGRESS, TC_H_ROOT, ClassOp, DeviceOp, FilterOp, QdiscOp
-from squall.shaping.tcdiff import TcStep, diff, teardown
+from squall.shaping.planning.ops import TC_H_INGRESS, TC_H_ROOT, ClassOp, DeviceOp, FilterOp, QdiscOp
+from squall.shaping.planning.tc_diff import TcStep, diff, teardown
 
 EPS = [Endpoint(i, f"10.9.0.{i + 2}", f"/proc/{100 + i}/ns/net") for i in range(3)]
 

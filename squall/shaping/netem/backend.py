@@ -1,11 +1,12 @@
 """The netem backend: everything in the kernel, the preferred backend where ``sch_netem`` exists.
 
-Plan: :func:`.plan.plan_netem` (HTB classes per destination with netem leaves on each sender;
-cut links as iptables DROP in the receiver; IFB for downlink caps). Execution: :class:`squall.shaping.executor.Applier`
-(pyroute2 in each container's namespace). A change of link settings becomes ``change`` requests on
-the existing classes and netem qdiscs, which keep the packets they hold; only structural changes
-rebuild a device's tree. Nothing runs in user space, so there is nothing that can die: :meth:`check`
-only reports nodes left in an unknown state by a failed rollback.
+Plan: :func:`.plan.plan_netem` (HTB classes per destination with netem leaves on each sender; cut
+links as iptables DROP in the receiver; IFB for downlink caps). Execution:
+:class:`squall.shaping.kernel.applier.Applier` (pyroute2 in each container's namespace). A change of
+link settings becomes ``change`` requests on the existing classes and netem qdiscs, which keep the
+packets they hold; only structural changes rebuild a device's tree. Nothing runs in user space, so
+there is nothing that can die: :meth:`check` only reports nodes left in an unknown state by a failed
+rollback.
 
 Duplication goes to iptables ``TEE`` in the sender (as the nfqueue backend does it), not to netem:
 current kernels (Debian's 6.1.192 among them, measured in the netem VM of ``scripts/netem-vm``)
@@ -34,13 +35,13 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkCounters, LinkState, ShapingError
-from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
-from squall.shaping.executor import Applier, endpoint_of, locked
-from squall.shaping.namespace import NamespaceGone, identity_of
-from squall.shaping.ops import NodePlan, QdiscOp, RuleOp, TcOp
-from squall.shaping.plan import tee_rule, validated
-from squall.shaping.scheduled import Applied, Schedule, ScheduleProcess
-from squall.shaping.timed import ChangeRun, netlink_batches
+from squall.shaping.clock.change_run import ChangeRun, netlink_batches
+from squall.shaping.clock.sender import Applied, Schedule, ScheduleProcess
+from squall.shaping.kernel.applier import Applier, endpoint_of, locked
+from squall.shaping.kernel.netns import NamespaceGone, identity_of
+from squall.shaping.planning.changes import Keep, TimedState, pairs_ever, plan_in_place
+from squall.shaping.planning.ops import NodePlan, QdiscOp, RuleOp, TcOp
+from squall.shaping.planning.shared_plan import tee_rule, validated
 
 from .counting import Accumulator, link_count, read_counts
 from .leaf import Netem
@@ -154,7 +155,7 @@ class NetemShaper:
     @locked
     def schedule(self, timeline: Sequence[TimedState]) -> ChangeRun:
         """Plan every change of a run in place, apply the first state now; the rest go out, once
-        :meth:`ChangeRun.go` is called, from the real-time change executor (:mod:`..scheduled`).
+        :meth:`ChangeRun.go` is called, from the real-time change executor (:mod:`squall.shaping.clock.sender`).
 
         :raises NotInPlace: when the timeline would change the shape of the tree (the caller then
             applies it the old way).

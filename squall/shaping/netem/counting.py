@@ -1,6 +1,6 @@
 """The netem backend's byte counters: one HTB class per directed link, read from the kernel.
 
-Where. Each sender has one HTB class per destination (``1:<100+d>``, :mod:`squall.shaping.ops`), so
+Where. Each sender has one HTB class per destination (``1:<100+d>``, :mod:`squall.shaping.planning.ops`), so
 the class's statistics are the link's traffic: bytes and packets that left through it (the kernel
 counts each segment of a segmentation-offload packet, with its headers), and the leaf's drops
 (netem's loss, a full queue). The backend keeps a class for every pair, also one the profile
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from squall.shaping.base import LinkCount
-from squall.shaping.namespace import Namespace
-from squall.shaping.ops import handle, peer_minor
-from squall.shaping.plan import ROOT
+from squall.shaping.kernel.netns import Namespace
+from squall.shaping.planning.ops import handle, peer_minor
+from squall.shaping.planning.shared_plan import ROOT
 
 ETHERNET_HEADER = 14  # bytes the qdisc layer counts in front of each IP packet
 ROOT_MAJOR = ROOT >> 16

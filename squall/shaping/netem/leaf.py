@@ -2,7 +2,7 @@
 
 Its values are in the canonical units of the settings table (:mod:`squall.profiles.settings`):
 integer microseconds, and probabilities and correlations as fractions from 0 to 1. The tc executor
-sends it as any backend leaf (:class:`squall.shaping.ops.LeafQdisc`): its kind and its options,
+sends it as any backend leaf (:class:`squall.shaping.planning.ops.LeafQdisc`): its kind and its options,
 which :mod:`.wire` encodes, translating each value into the kernel's unit there and only there.
 """
 

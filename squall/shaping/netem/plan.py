@@ -1,6 +1,6 @@
 """The netem backend's plan: ``(endpoints, LinkState)`` -> per-node operations, and the netem leaf of a link.
 
-On each sender's device the generic HTB tree (:func:`squall.shaping.plan.egress_tree`) with one
+On each sender's device the generic HTB tree (:func:`squall.shaping.planning.shared_plan.egress_tree`) with one
 :class:`.leaf.Netem` per shaped destination: delay, jitter, loss, duplication, reordering and a
 large ``limit``. Rate lives in HTB, never in netem. Cut links are DROP rules in the receiver, a
 downlink cap an IFB device (both generic). Which setting the leaf carries is the settings table's
@@ -22,9 +22,9 @@ from typing import Any
 from squall.profiles import LinkSpec
 from squall.profiles.settings import Carrier, carried_by
 from squall.shaping.base import Endpoint, LinkState
-from squall.shaping.convert import MAX_LIMIT, MTU_BITS
-from squall.shaping.ops import NodePlan
-from squall.shaping.plan import (
+from squall.shaping.planning.checks import MAX_LIMIT, MTU_BITS
+from squall.shaping.planning.ops import NodePlan
+from squall.shaping.planning.shared_plan import (
     Leaf,
     caps_of,
     check_links,
@@ -95,7 +95,7 @@ def plan_netem(endpoints: Sequence[Endpoint], state: LinkState,
     """Per-node operations for the netem backend (HTB + u32 + netem leaves; DROP for cut links).
 
     ``keep``: links that get their class and leaf even while perfect (a run's changes are then all
-    in place, :mod:`squall.shaping.changes`)."""
+    in place, :mod:`squall.shaping.planning.changes`)."""
     eps = validated(endpoints, state)
     check_links(state, "netem")
     plans: dict[int, NodePlan] = {}

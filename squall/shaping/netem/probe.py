@@ -1,7 +1,7 @@
 """Does this kernel have ``sch_netem``? The netem backend's question, asked once per process.
 
 It adds the netem leaf the backend would send (:class:`.leaf.Netem`, a plain delay) in a scratch
-namespace (:func:`squall.shaping.kernel_probe.probe_leaf`). The answer also says why netem is
+namespace (:func:`squall.shaping.capabilities.qdisc_probe.probe_leaf`). The answer also says why netem is
 missing (no such qdisc, not root, ...), for the error :func:`squall.shaping.select.open_shaper`
 raises when netem is forced. Outside the backend, ask :mod:`squall.shaping.select`.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from squall.shaping.kernel_probe import ProbeResult, probe_leaf
+from squall.shaping.capabilities.qdisc_probe import ProbeResult, probe_leaf
 
 from .leaf import Netem
 

@@ -3,7 +3,7 @@
 pyroute2 0.9.7 encodes only the fixed ``tc_netem_qopt`` plus correlation/reorder/rate; it has no
 Gilbert-Elliott loss, no delay distribution table and no 64-bit delay, and its netem rate was
 rejected by a kernel. So the tc executor sends netem qdiscs as raw ``RTM_NEWQDISC`` messages
-(framed by :mod:`squall.shaping.netlink`) whose options are built here (``linux/pkt_sched.h``)::
+(framed by :mod:`squall.shaping.kernel.netlink`) whose options are built here (``linux/pkt_sched.h``)::
 
     tcmsg       family u8 | pad u8 | pad u16 | ifindex i32 | handle u32 | parent u32 | info u32
     TCA_KIND    "netem\\0"
@@ -49,8 +49,8 @@ import statistics
 import struct
 from typing import TYPE_CHECKING
 
-from squall.shaping.distributions import pareto_from_tail
-from squall.shaping.netlink import attr
+from squall.shaping.kernel.netlink import attr
+from squall.shaping.planning.distributions import pareto_from_tail
 
 if TYPE_CHECKING:
     from .leaf import Netem

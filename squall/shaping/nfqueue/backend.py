@@ -4,7 +4,7 @@ Who does what (plan: :func:`.plan.plan_nfqueue`):
 
 * rates, uplink and downlink caps: HTB (kernel), like the netem backend;
 * delay, jitter, loss, reordering: the delay daemon (:mod:`.daemon`), one process for the run;
-* duplication: iptables TEE; cut links: iptables DROP (:mod:`squall.shaping.iptables`).
+* duplication: iptables TEE; cut links: iptables DROP (:mod:`squall.shaping.kernel.iptables`).
 
 Where packets wait. Not in the receiver (its kernel would stamp a packet before the wait, so
 ``ping`` and receive timestamps would see one direction's delay only) but on the bridge between
@@ -38,12 +38,12 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from squall.shaping.base import Endpoint, LinkCount, LinkCounters, LinkState, ShapingError
-from squall.shaping.changes import Keep, TimedState, pairs_ever, plan_in_place
-from squall.shaping.executor import Applier, endpoint_of, locked
-from squall.shaping.netns import same_namespace
-from squall.shaping.plan import validated
-from squall.shaping.scheduled import Applied, Schedule
-from squall.shaping.timed import ChangeRun, netlink_batches
+from squall.shaping.clock.change_run import ChangeRun, netlink_batches
+from squall.shaping.clock.sender import Applied, Schedule
+from squall.shaping.kernel.applier import Applier, endpoint_of, locked
+from squall.shaping.kernel.netns import same_namespace
+from squall.shaping.planning.changes import Keep, TimedState, pairs_ever, plan_in_place
+from squall.shaping.planning.shared_plan import validated
 
 from . import hold, hold_plan
 from .config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec, to_jsonable

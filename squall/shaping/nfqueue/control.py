@@ -17,7 +17,7 @@ Commands (request -> answer; every answer has ``"ok"``, failures carry ``"error"
 ``{"cmd": "remove_namespace", "name": ...}``
     Releases what it holds, unbinds its queues.
 ``{"cmd": "schedule", "file": PATH}``
-    Reads a run's scheduled changes (:class:`squall.shaping.scheduled.Schedule`) from the file the
+    Reads a run's scheduled changes (:class:`squall.shaping.clock.sender.Schedule`) from the file the
     harness wrote and opens netlink sockets in the containers' namespaces for them.
     -> ``{"ok": true, "entries": 12}``
 ``{"cmd": "schedule_go", "start_ns": N}``

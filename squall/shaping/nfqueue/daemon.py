@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from squall.shaping.scheduled import Agenda, Applied, NetlinkSenders, Schedule, apply_entry
+from squall.shaping.clock.sender import Agenda, Applied, NetlinkSenders, Schedule, apply_entry
 
 from .config import DaemonConfig, LinkParams, NamespaceSpec, link_from_dict, namespace_from_dict
 from .engine import LinkModel
@@ -314,7 +314,7 @@ class Daemon:
         return len(updates)
 
     def _cmd_schedule(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Take a run's scheduled changes (:mod:`squall.shaping.scheduled`) from the file the harness wrote."""
+        """Take a run's scheduled changes (:mod:`squall.shaping.clock.sender`) from the file the harness wrote."""
         if self._schedule is not None:
             raise ConfigError("a schedule is already loaded; send schedule_stop first")
         path = request.get("file")

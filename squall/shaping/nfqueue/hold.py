@@ -1,7 +1,7 @@
 """Running the hold plan (:mod:`.hold_plan`): find the bridge, reserve queues, install and remove rules.
 
 * :func:`bridge_namespace` finds the namespace of the bridge the endpoints' veths are plugged into
-  (the host's for Docker; another namespace for :class:`~squall.shaping.lan.BridgedLan`).
+  (the host's for Docker; another namespace for :class:`~squall.shaping.testnet.bridged_lan.BridgedLan`).
   Endpoints on another machine (a swarm run: :func:`~squall.shaping.base.elsewhere`) are left out: only this machine's
   bridge is looked for, and :attr:`HoldRules.receivers` keeps only the rules of this machine's
   receivers, so a packet between machines waits once, on its receiver's machine.
@@ -11,7 +11,7 @@
   back at the end when it was this run that changed it (and no other run's chain remains).
 * :class:`HoldRules` keeps one run's chain in step with the links the daemon must shape.
 
-Commands run in a thread that entered the namespace (:mod:`squall.shaping.namespace`), so the
+Commands run in a thread that entered the namespace (:mod:`squall.shaping.kernel.netns`), so the
 host's own namespace and a named one are handled the same way.
 """
 
@@ -30,9 +30,9 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from squall.shaping.base import Endpoint, ShapingError, elsewhere
-from squall.shaping.iptables import has_table, normalize_save, table_is_empty
-from squall.shaping.namespace import Namespace
-from squall.shaping.nft_table import delete_table
+from squall.shaping.kernel.iptables import has_table, normalize_save, table_is_empty
+from squall.shaping.kernel.netns import Namespace
+from squall.shaping.kernel.nft_table import delete_table
 
 from . import hold_plan
 from .hold_plan import HoldRule

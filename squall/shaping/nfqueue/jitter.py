@@ -22,7 +22,7 @@ import math
 import random
 from collections.abc import Callable
 
-from squall.shaping.distributions import pareto_from_tail, upper_tail
+from squall.shaping.planning.distributions import pareto_from_tail, upper_tail
 
 from .config import Distribution
 

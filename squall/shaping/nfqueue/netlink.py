@@ -32,7 +32,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from squall.shaping.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
+from squall.shaping.kernel.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, attr
 
 from .errors import NetlinkError
 

@@ -1,6 +1,6 @@
 """The nfqueue backend's plan: ``(endpoints, LinkState)`` -> per-node operations and the daemon's queues.
 
-Rates: the generic HTB tree (:func:`squall.shaping.plan.egress_tree`) with FIFO leaves (sized by
+Rates: the generic HTB tree (:func:`squall.shaping.planning.shared_plan.egress_tree`) with FIFO leaves (sized by
 rate only, :func:`fifo_limit`), only for links with a rate (or everything under an uplink cap).
 Delay, jitter, loss and reordering: one queue of the delay daemon per directed link that has any
 (:class:`QueueOp`, with the :class:`~.config.LinkParams` the daemon is told); where its packets
@@ -26,9 +26,9 @@ from typing import Any
 from squall.profiles import LinkSpec
 from squall.profiles.settings import Carrier, carried_by
 from squall.shaping.base import Endpoint, LinkState, ShapingError
-from squall.shaping.convert import FIFO_LIMIT_FLOOR, MAX_LIMIT, MTU_BITS, UNLIMITED_BPS, label
-from squall.shaping.ops import NodePlan, Pfifo
-from squall.shaping.plan import (
+from squall.shaping.planning.checks import FIFO_LIMIT_FLOOR, MAX_LIMIT, MTU_BITS, UNLIMITED_BPS, label
+from squall.shaping.planning.ops import NodePlan, Pfifo
+from squall.shaping.planning.shared_plan import (
     Leaf,
     caps_of,
     check_links,
@@ -136,7 +136,7 @@ def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState, *, leaves: fro
 
     ``leaves`` and ``queues``: links that keep a rate class (unlimited while they have no rate) and
     a daemon queue (perfect while it has nothing to do) even when they need none, so a run's changes
-    are all in place (:mod:`squall.shaping.changes`)."""
+    are all in place (:mod:`squall.shaping.planning.changes`)."""
     eps = validated(endpoints, state)
     check_links(state, "nfqueue")
     plans: dict[int, NfqueuePlan] = {}

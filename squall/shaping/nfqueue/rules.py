@@ -24,8 +24,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from squall.shaping.iptables import has_table, normalize_save, table_is_empty
-from squall.shaping.nft_table import delete_table
+from squall.shaping.kernel.iptables import has_table, normalize_save, table_is_empty
+from squall.shaping.kernel.nft_table import delete_table
 
 from .config import MAX_QUEUE
 from .errors import RulesError

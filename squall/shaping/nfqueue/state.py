@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from squall.shaping.netns import entered
+from squall.shaping.kernel.netns import entered
 
 from .config import NamespaceSpec, QueueSpec
 from .engine import DROP, LinkModel

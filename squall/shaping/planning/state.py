@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from squall.profiles import ChurnEvent, ChurnKind, NodeLinkSpec, Profile
 from squall.shaping.base import LinkState
-from squall.shaping.changes import TimedState
+from squall.shaping.planning.changes import TimedState
 
 LINK_KINDS = frozenset({ChurnKind.LINK_DOWN, ChurnKind.LINK_UP, ChurnKind.PARTITION, ChurnKind.HEAL})
 

@@ -1,10 +1,12 @@
-"""Netlink framing both backends and the generic executors share: headers, attributes, acks.
+"""Netlink framing and acks on a live socket, shared by every sender: headers, attributes, acks.
 
 A netlink message is a 16-byte ``nlmsghdr`` (length, type, flags, sequence, port id) and a body;
 a body's attributes are ``(length u16, type u16, payload)`` padded to 4 bytes. A request sent with
 ``NLM_F_ACK`` is answered by an ``NLMSG_ERROR`` message carrying the request's sequence number and
 an errno (0: done). Here only the framing: what a qdisc's options or a netfilter request say is
-the business of its sender (:mod:`.tc`, :mod:`.nft_table`, a backend's own encoder).
+the business of its sender (:mod:`squall.shaping.kernel.tc`, :mod:`squall.shaping.kernel.nft_table`, a
+backend's own encoder); the in-place tc changes a run schedules are built ahead of time, with no
+socket, in :mod:`squall.shaping.planning.tc_messages`.
 """
 
 from __future__ import annotations

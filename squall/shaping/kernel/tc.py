@@ -1,10 +1,11 @@
-"""Executes tc steps (:mod:`.tcdiff`) inside one namespace with pyroute2.
+"""Executes tc steps (:mod:`squall.shaping.planning.tc_diff`) inside one namespace with pyroute2.
 
 A :class:`TcSession` opens two ``NETLINK_ROUTE`` sockets while its thread is inside the namespace
-(:mod:`.namespace`) and drives them from the host: pyroute2's ``IPRoute(use_socket=...)`` for
+(:mod:`squall.shaping.kernel.netns`) and drives them from the host: pyroute2's ``IPRoute(use_socket=...)`` for
 devices, HTB, FIFOs, ingress and u32 filters, and a raw socket for a backend's own leaf qdisc
-(:class:`~.ops.LeafQdisc`, such as netem's, whose options pyroute2 cannot encode): the leaf encodes
-its options, :class:`RawQdiscSender` frames and sends them (:mod:`.netlink`). A session belongs to
+(:class:`~squall.shaping.planning.ops.LeafQdisc`, such as netem's, whose options pyroute2 cannot
+encode): the leaf encodes its options, :class:`RawQdiscSender` frames and sends them
+(:mod:`squall.shaping.kernel.netlink`). A session belongs to
 the thread that opened it (pyroute2's rule) and lives for one batch of steps.
 
 pyroute2 takes rates in bytes per second and bursts in bytes; the plan's bits per second are
@@ -24,9 +25,9 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from squall.shaping.base import ShapingError
-from squall.shaping.namespace import Namespace
-from squall.shaping.netlink import NETLINK_ROUTE, change_flags, create_flags, qdisc_message, wait_ack
-from squall.shaping.ops import (
+from squall.shaping.kernel.netlink import NETLINK_ROUTE, change_flags, create_flags, qdisc_message, wait_ack
+from squall.shaping.kernel.netns import Namespace
+from squall.shaping.planning.ops import (
     INGRESS_HANDLE,
     ClassOp,
     DeviceOp,
@@ -39,7 +40,7 @@ from squall.shaping.ops import (
     TcOp,
     show_handle,
 )
-from squall.shaping.tcdiff import TcStep
+from squall.shaping.planning.tc_diff import TcStep
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,10 @@ def describe(op: TcOp) -> str:
 
 
 class RawQdiscSender:
-    """Sends a backend's leaf qdiscs as raw ``RTM_NEWQDISC`` requests (:mod:`.netlink`) and reads the ack."""
+    """Sends a backend's leaf qdiscs as raw ``RTM_NEWQDISC`` requests and reads the ack.
+
+    Framing: :mod:`squall.shaping.kernel.netlink`.
+    """
 
     def __init__(self, sock: socket.socket):
         sock.bind((0, 0))

@@ -1,6 +1,6 @@
 """What both backends check and size alike: a state's links against the settings table, and HTB.
 
-A hand-built :class:`~.base.LinkState` is checked as a profile is (:func:`check_spec`: the bounds
+A hand-built :class:`~squall.shaping.base.LinkState` is checked as a profile is (:func:`check_spec`: the bounds
 and rules of :mod:`squall.profiles.settings`), and against what a backend refuses
 (:func:`check_backend`). HTB classes (both backends put rates there) get a burst of
 :data:`BURST_S` of traffic at their rate. What a backend makes of a link's other settings is its

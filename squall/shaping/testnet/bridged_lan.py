@@ -1,13 +1,13 @@
 """Hosts on one bridge, like a cluster's containers, in plain namespaces: for tests and benchmarks (root).
 
-Built on :class:`.testbed.Testbed` (names ``<prefix>-<hex>-<key>``, processes tracked,
+Built on :class:`squall.shaping.testnet.veth_pairs.Testbed` (names ``<prefix>-<hex>-<key>``, processes tracked,
 everything deleted by ``close``, also after an exception)::
 
     h0 (10.78.0.2) ─┐
     h1 (10.78.0.3) ─┼─ br0 in namespace "sw"
     ...            ─┘
 
-Each host has one ``eth0`` (a veth whose peer is a bridge port), so its :class:`~.base.Endpoint`
+Each host has one ``eth0`` (a veth whose peer is a bridge port), so its :class:`~squall.shaping.base.Endpoint`
 looks exactly like a container's. Addresses are ``10.78.<i // 250>.<i % 250 + 2>/16``.
 """
 
@@ -17,9 +17,9 @@ import subprocess
 from typing import Any, Self
 
 from squall.shaping.base import Endpoint
-from squall.shaping.echo_probe import ProbeResult, probe, realtime
-from squall.shaping.iptables import normalize_save
-from squall.shaping.testbed import Testbed
+from squall.shaping.kernel.iptables import normalize_save
+from squall.shaping.testnet.echo_probe import ProbeResult, probe, realtime
+from squall.shaping.testnet.veth_pairs import Testbed
 
 NETNS_AWARE = frozenset({"tc", "ip"})  # tools that take -n NAME to run in a named namespace
 PROBE_PRIORITY = 5  # SCHED_FIFO of the probing thread: as the echo servers, below the delay daemon

@@ -3,8 +3,9 @@
 Why ahead of time: a change computed at its due time (resolve the profile, plan, diff, enter each
 namespace, talk to the kernel) waits for the host process, its scheduling class, its interpreter
 lock and whatever else it runs, and came hundreds of milliseconds late beside one busy process.
-Planned here, a change is bytes to send (:mod:`.tcwire`) and parameters to set, which an executor
-at a real-time priority (:mod:`.scheduled`, or the nfqueue delay daemon) sends at the due time.
+Planned here, a change is bytes to send (:mod:`squall.shaping.planning.tc_messages`) and parameters to
+set, which an executor at a real-time priority (:mod:`squall.shaping.clock.sender`, or the nfqueue
+delay daemon) sends at the due time.
 
 Why in place: deleting and re-adding a qdisc drops the packets it holds and resets every TCP
 connection through it. So the whole run uses one tree: every link that is shaped at any time of
@@ -23,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from squall.profiles import LinkSpec, Loss
-from squall.shaping import tcdiff
 from squall.shaping.base import LinkState, ShapingError
-from squall.shaping.ops import NodePlan
-from squall.shaping.tcwire import change_message
+from squall.shaping.planning import tc_diff
+from squall.shaping.planning.ops import NodePlan
+from squall.shaping.planning.tc_messages import change_message
 
 Pair = tuple[int, int]
 
@@ -60,13 +61,13 @@ class PlannedChange:
     label: str  # what brought it
     state: LinkState  # as the profile says it (cuts as cuts), for the record
     plans: Mapping[int, NodePlan]  # each node's plan for it (cuts as loss)
-    steps: Mapping[int, tuple[tcdiff.TcStep, ...]]  # node -> the change steps from the previous plan
+    steps: Mapping[int, tuple[tc_diff.TcStep, ...]]  # node -> the change steps from the previous plan
     changed: tuple[Pair, ...]  # the links whose settings differ from the previous state's
 
     def messages(self, ifindex: Mapping[int, Mapping[str, int]]) -> dict[int, bytes]:
-        """Node -> its change steps as one batch of netlink requests (:mod:`.tcwire`); nodes missing
-        from ``ifindex`` (their namespace is gone) are left out."""
-        return {node: b"".join(change_message(step, ifindex[node][tcdiff.device_of(step.op)]) for step in steps)
+        """Node -> its change steps as one batch of netlink requests (:mod:`.tc_messages`); nodes
+        missing from ``ifindex`` (their namespace is gone) are left out."""
+        return {node: b"".join(change_message(step, ifindex[node][tc_diff.device_of(step.op)]) for step in steps)
                 for node, steps in self.steps.items() if steps and node in ifindex}
 
 
@@ -105,7 +106,7 @@ def plan_in_place(timeline: Sequence[TimedState], plan: Planner, keep: Keep) -> 
     before: LinkState | None = None
     for timed in timeline:
         plans = plan(cuts_as_loss(timed.state), keep)
-        steps: dict[int, tuple[tcdiff.TcStep, ...]] = {}
+        steps: dict[int, tuple[tc_diff.TcStep, ...]] = {}
         if previous is not None:
             for node, now in plans.items():
                 was = previous[node]
@@ -114,7 +115,7 @@ def plan_in_place(timeline: Sequence[TimedState], plan: Planner, keep: Keep) -> 
                     raise NotInPlace(f"{where} changes iptables rules (duplication?)")
                 if getattr(was, "queues", None) is not None and _sources(was) != _sources(now):
                     raise NotInPlace(f"{where} changes which links the delay daemon holds")
-                node_steps = tuple(tcdiff.diff(was.tc, now.tc))
+                node_steps = tuple(tc_diff.diff(was.tc, now.tc))
                 odd = [step for step in node_steps if step.verb != "change"]
                 if odd:
                     raise NotInPlace(f"{where} needs {odd[0].verb} of {odd[0].op} (the tree changes shape)")

@@ -1,6 +1,6 @@
 """The kernel operations a plan is made of: frozen values, no I/O.
 
-A :class:`NodePlan` says everything one node's namespace must hold for one :class:`~.base.LinkState`:
+A :class:`NodePlan` says everything one node's namespace must hold for one :class:`~squall.shaping.base.LinkState`:
 
 * ``tc``: devices, qdiscs, classes and filters, in creation order (a parent before its children,
   a class before the filter that points at it, the IFB device before the redirect to it);
@@ -70,7 +70,9 @@ def ifb_name(device: str) -> str:
 
 @runtime_checkable
 class LeafQdisc(Protocol):
-    """A backend's own leaf qdisc: the tc executor sends it as a raw ``RTM_NEWQDISC`` (:mod:`.netlink`).
+    """A backend's own leaf qdisc: the tc executor sends it as a raw ``RTM_NEWQDISC``.
+
+    Framing: :mod:`squall.shaping.kernel.netlink`.
 
     It must be a frozen value (plans are compared and diffed); changing one replaces its whole spec.
     """

@@ -7,10 +7,10 @@ round-trip time the client gets the forward one-way delay (server receive - clie
 
 Server, inside the receiving namespace::
 
-    ip netns exec NS python -m squall.shaping.echo_probe echo --port 9000
+    ip netns exec NS python -m squall.shaping.testnet.echo_probe echo --port 9000
 
 It prints ``ready`` once bound and serves until killed. The client is a library call on a UDP
-socket that may have been created in another namespace (:func:`.netns.socket_in`).
+socket that may have been created in another namespace (:func:`squall.shaping.kernel.netns.socket_in`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def serve_echo(port: int, host: str = "0.0.0.0", realtime: int = 0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``echo --port P``: run the echo server."""
-    parser = argparse.ArgumentParser(prog="python -m squall.shaping.echo_probe")
+    parser = argparse.ArgumentParser(prog="python -m squall.shaping.testnet.echo_probe")
     sub = parser.add_subparsers(dest="mode", required=True)
     echo = sub.add_parser("echo", help="UDP echo server that stamps its receive time")
     echo.add_argument("--port", type=int, required=True)

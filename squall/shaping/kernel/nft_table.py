@@ -17,8 +17,8 @@ import os
 import socket
 import struct
 
-from squall.shaping.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, attr, wait_ack
-from squall.shaping.netns import socket_in
+from squall.shaping.kernel.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSGHDR, attr, wait_ack
+from squall.shaping.kernel.netns import socket_in
 
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN = 0x10

@@ -12,9 +12,9 @@ switched on and off) and must change atomically and fast, so every change is one
 new rules follow, and the jumps are touched only when the chains appear or go. A namespace is left
 exactly as found, ``iptables-save`` prints the same before and after: the ``iptables-save``
 helpers here (normalisation, table checks) tell whether the run's chains created the ``mangle``
-table, and :mod:`.nft_table` deletes that table again (iptables-nft cannot).
+table, and :mod:`squall.shaping.kernel.nft_table` deletes that table again (iptables-nft cannot).
 
-Commands run in the thread that entered the namespace (:mod:`.namespace`), so no ``nsenter``.
+Commands run in the thread that entered the namespace (:mod:`squall.shaping.kernel.netns`), so no ``nsenter``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from squall.shaping.base import ShapingError
-from squall.shaping.namespace import Namespace, NamespaceGone
-from squall.shaping.nft_table import delete_table
-from squall.shaping.ops import Hook, RuleOp
+from squall.shaping.kernel.netns import Namespace, NamespaceGone
+from squall.shaping.kernel.nft_table import delete_table
+from squall.shaping.planning.ops import Hook, RuleOp
 
 TABLE = "mangle"
 MAX_CHAIN = 28  # XT_EXTENSION_MAXNAMELEN - 1

@@ -1,8 +1,8 @@
 """A run's prepared changes, started at the run's t = 0: the part both backends share.
 
-A backend's ``schedule(timeline)`` plans every change in place (:mod:`.changes`), applies the first
-state, encodes the others, and returns a :class:`ChangeRun`. :meth:`ChangeRun.go` turns the run's
-start into due times and hands the :class:`~.scheduled.Schedule` to the backend's real-time
+A backend's ``schedule(timeline)`` plans every change in place (:mod:`squall.shaping.planning.changes`),
+applies the first state, encodes the others, and returns a :class:`ChangeRun`. :meth:`ChangeRun.go` turns the run's
+start into due times and hands the :class:`~squall.shaping.clock.sender.Schedule` to the backend's real-time
 executor; :meth:`ChangeRun.finish` stops it, returns what was done and when, and lets the backend
 record the last state applied (so the next ``apply`` diffs from what the kernel holds).
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from squall.shaping import tcdiff
 from squall.shaping.base import ShapingError
-from squall.shaping.changes import PlannedChange
-from squall.shaping.executor import Applier
-from squall.shaping.scheduled import Applied, NamespaceRef, Schedule, ScheduleEntry
+from squall.shaping.clock.sender import Applied, NamespaceRef, Schedule, ScheduleEntry
+from squall.shaping.kernel.applier import Applier
+from squall.shaping.planning import tc_diff
+from squall.shaping.planning.changes import PlannedChange
 
 Launch = Callable[[Schedule], "Started"]  # hand the schedule to the executor (before the run starts)
 
@@ -90,7 +90,7 @@ def netlink_batches(planned: Sequence[PlannedChange], applier: Applier
     ifindex: dict[int, dict[str, int]] = {}
     namespaces: dict[str, NamespaceRef] = {}
     for index in live:
-        devices = sorted({tcdiff.device_of(step.op) for change in planned for step in change.steps.get(index, ())})
+        devices = sorted({tc_diff.device_of(step.op) for change in planned for step in change.steps.get(index, ())})
         namespace = applier.nodes[index].namespace
         if namespace is None:
             continue

@@ -1,13 +1,14 @@
 """Which kernel features Squall can use here, probed, not guessed: :func:`kernel_features`.
 
-Each feature is asked of the kernel the way Squall would use it. Link kinds (veth, IFB, VXLAN,
-TUN), qdiscs (HTB, TBF, ingress), the u32 classifier and the iptables matches and targets
-(``statistic``, ``NFQUEUE``) are *created* in a brand-new unnamed network namespace entered by one
-thread (:func:`.probe.in_scratch_namespace`): nothing is named in ``/var/run/netns``, and whatever was
-made there disappears with the namespace when the thread goes home, even after an error. Only what
-cannot be made without changing the host is *read*: ``br_netfilter`` (its sysctls under
-``/proc/sys/net/bridge``), IPVS (``/proc/net/ip_vs``) and the NFQUEUE netlink family
-(``/proc/net/netfilter/nfnetlink_queue``). ``sch_netem`` comes from :func:`.select.netem_probe`.
+Each feature is asked of the kernel the way Squall would use it. Link kinds (veth, IFB, VXLAN, TUN),
+qdiscs (HTB, TBF, ingress), the u32 classifier and the iptables matches and targets (``statistic``,
+``NFQUEUE``) are *created* in a brand-new unnamed network namespace entered by one thread
+(:func:`~squall.shaping.capabilities.qdisc_probe.in_scratch_namespace`): nothing is named in
+``/var/run/netns``, and whatever was made there disappears with the namespace when the thread goes
+home, even after an error. Only what cannot be made without changing the host is *read*:
+``br_netfilter`` (its sysctls under ``/proc/sys/net/bridge``), IPVS (``/proc/net/ip_vs``) and the
+NFQUEUE netlink family (``/proc/net/netfilter/nfnetlink_queue``). ``sch_netem`` comes from
+:func:`squall.shaping.select.netem_probe`.
 
 Creating a qdisc or a rule may make the kernel load its module, as a run would; a module loaded
 stays loaded (that is the kernel's state, not an object Squall made). ``squall doctor`` shows the
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from squall.shaping.kernel_probe import in_scratch_namespace
+from squall.shaping.capabilities.qdisc_probe import in_scratch_namespace
 from squall.shaping.select import netem_probe
 
 logger = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
 """In-place tc changes encoded as rtnetlink messages ahead of time (pure): a change's bytes, no socket.
 
-A scheduled change (:mod:`.changes`) must cost nothing but a send at its due time, so every
+A scheduled change (:mod:`squall.shaping.planning.changes`) must cost nothing but a send at its due time, so every
 ``change`` step of it is encoded here beforehand, against the interface index it will be sent to:
 
 * an HTB class (``RTM_NEWTCLASS``, ``TCA_HTB_PARMS`` and, above 2^32-1 bytes/s, the 64-bit rates);
   its burst is given as the kernel takes it, the time to send ``burst`` bytes at the class's rate
   in 64 ns scheduler ticks (``PSCHED_SHIFT``), with an Ethernet link layer so no rate table is needed;
 * a FIFO leaf (``tc_fifo_qopt``), an HTB root (``tc_htb_glob``), a backend's own leaf (its
-  :meth:`~.ops.LeafQdisc.options`, e.g. netem's): ``RTM_NEWQDISC`` without ``NLM_F_CREATE``, which
-  replaces the qdisc's spec and keeps the packets it holds.
+  :meth:`~squall.shaping.planning.ops.LeafQdisc.options`, e.g. netem's): ``RTM_NEWQDISC`` without
+  ``NLM_F_CREATE``, which replaces the qdisc's spec and keeps the packets it holds.
 
 Only ``change`` is encoded: adding or deleting objects is never scheduled (it would drop what a
 deleted qdisc holds and reset the TCP flows through it). Every message is sent with sequence number
@@ -21,9 +21,9 @@ import struct
 from typing import Final
 
 from squall.shaping.base import ShapingError
-from squall.shaping.netlink import NLMSGHDR, TCA_KIND, TCA_OPTIONS, attr, change_flags, qdisc_message
-from squall.shaping.ops import ClassOp, Htb, Ingress, LeafQdisc, Pfifo, QdiscOp
-from squall.shaping.tcdiff import TcStep
+from squall.shaping.kernel.netlink import NLMSGHDR, TCA_KIND, TCA_OPTIONS, attr, change_flags, qdisc_message
+from squall.shaping.planning.ops import ClassOp, Htb, Ingress, LeafQdisc, Pfifo, QdiscOp
+from squall.shaping.planning.tc_diff import TcStep
 
 RTM_NEWTCLASS: Final = 40
 TCA_HTB_PARMS: Final = 1

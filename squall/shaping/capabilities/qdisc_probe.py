@@ -2,12 +2,12 @@
 
 :func:`probe_leaf` runs on a thread of its own that ``unshare(CLONE_NEWNET)``s into a brand-new,
 unnamed namespace, creates a veth pair there, sends the same raw ``RTM_NEWQDISC`` request the tc
-executor would send for a backend's leaf qdisc (:class:`~.tc.RawQdiscSender`), then goes back to
+executor would send for a backend's leaf qdisc (:class:`~squall.shaping.kernel.tc.RawQdiscSender`), then goes back to
 the host namespace. The scratch namespace has no name and no other user, so it disappears as soon
 as the thread's sockets are closed: nothing is created in ``/var/run/netns`` and nothing can be
 left behind, even on an error. The answer says why the qdisc is missing (no such qdisc, not root,
 ...). The netem backend asks it about netem (:func:`squall.shaping.select.netem_probe`);
-:func:`in_scratch_namespace` serves other kernel checks (:mod:`.features`).
+:func:`in_scratch_namespace` serves other kernel checks (:mod:`squall.shaping.capabilities.features`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute
 
-from squall.shaping.netlink import NETLINK_ROUTE
-from squall.shaping.netns import CLONE_NEWNET
-from squall.shaping.ops import TC_H_ROOT, LeafQdisc, QdiscOp, handle
-from squall.shaping.tc import RawQdiscSender
+from squall.shaping.kernel.netlink import NETLINK_ROUTE
+from squall.shaping.kernel.netns import CLONE_NEWNET
+from squall.shaping.kernel.tc import RawQdiscSender
+from squall.shaping.planning.ops import TC_H_ROOT, LeafQdisc, QdiscOp, handle
 
 logger = logging.getLogger(__name__)
 _libc = ctypes.CDLL(None, use_errno=True)

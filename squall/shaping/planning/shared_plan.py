@@ -4,7 +4,7 @@ Nothing here touches the kernel; every function is deterministic and table-teste
 plans with these and adds its own (``squall.shaping.netem.plan``: netem leaves;
 ``squall.shaping.nfqueue.plan``: FIFO leaves, the delay daemon's queues).
 
-**Rates** (both backends): on each sender's device an HTB tree (see :mod:`.ops` for the handles):
+**Rates** (both backends): on each sender's device an HTB tree (see :mod:`squall.shaping.planning.ops` for the handles):
 one class per shaped destination whose rate is the link's rate (or a ceiling far above any veth
 when the link has none), under the node's uplink class when it has an uplink cap; a u32 filter on
 the destination address; the backend's leaf under it (:func:`egress_tree`). A downlink cap is an
@@ -20,7 +20,7 @@ match in the sender (:func:`tee_rule`; iptables draws independently, so it carri
 **Which setting goes where** is the settings table's (:mod:`squall.profiles.settings`): each row
 names the carrier on each backend and what the backend refuses; :func:`check_links` raises
 :class:`ShapingError` for a refused part before anything is planned. A link with nothing to do
-produces no operation, and a node with nothing to do gets an empty :class:`~.ops.NodePlan`.
+produces no operation, and a node with nothing to do gets an empty :class:`~squall.shaping.planning.ops.NodePlan`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from squall.profiles import LinkSpec, NodeLinkSpec
 from squall.shaping.base import Endpoint, LinkState, ShapingError
-from squall.shaping.convert import (
+from squall.shaping.planning.checks import (
     FIFO_LIMIT_FLOOR,
     HTB_QUANTUM,
     PERFECT,
@@ -41,7 +41,7 @@ from squall.shaping.convert import (
     check_spec,
     label,
 )
-from squall.shaping.ops import (
+from squall.shaping.planning.ops import (
     DEFAULT_MINOR,
     ETH_P_ALL,
     ETH_P_IP,

@@ -1,9 +1,9 @@
 """Applies node plans to namespaces: tc steps and iptables chains, in parallel, all or nothing.
 
 Both backends use one :class:`Applier`; the nfqueue backend adds the daemon around it. Per node it
-remembers the namespace (pinned by identity, :mod:`.namespace`), the tc operations in force and the
-installed rules, so a new plan becomes a diff (:mod:`.tcdiff`) plus at most one
-``iptables-restore`` (:mod:`.iptables`).
+remembers the namespace (pinned by identity, :mod:`squall.shaping.kernel.netns`), the tc operations in force and the
+installed rules, so a new plan becomes a diff (:mod:`squall.shaping.planning.tc_diff`) plus at most one
+``iptables-restore`` (:mod:`squall.shaping.kernel.iptables`).
 
 All or nothing: every node is tried (one thread per node); if any fails, the nodes that succeeded
 are taken back to their previous plan and the failed ones are reset, then :class:`ShapingError` is
@@ -27,10 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from squall.shaping import iptables, tc, tcdiff
 from squall.shaping.base import Endpoint, ShapingError
-from squall.shaping.namespace import Namespace, NamespaceGone
-from squall.shaping.ops import NodePlan, TcOp
+from squall.shaping.kernel import iptables, tc
+from squall.shaping.kernel.netns import Namespace, NamespaceGone
+from squall.shaping.planning import tc_diff
+from squall.shaping.planning.ops import NodePlan, TcOp
 
 logger = logging.getLogger(__name__)
 MAX_THREADS = 16
@@ -140,7 +141,7 @@ class Applier:
             if node.broken is not None:
                 self._teardown(node, node.tc)
                 node.broken = None
-            steps = tcdiff.diff(node.tc, plan.tc)
+            steps = tc_diff.diff(node.tc, plan.tc)
             try:
                 tc.run_steps(node.namespace, index, steps)
             except tc.TcStepError as exc:
@@ -161,7 +162,7 @@ class Applier:
             return
         try:
             self._teardown(node, node.tc)
-            tc.run_steps(node.namespace, index, [tcdiff.TcStep("add", op) for op in old.tc])
+            tc.run_steps(node.namespace, index, [tc_diff.TcStep("add", op) for op in old.tc])
             node.tc = old.tc
             node.rules = iptables.sync(node.namespace, self.chains, node.rules, old.rules, index)
         except NamespaceGone:
@@ -170,7 +171,7 @@ class Applier:
     def _teardown(self, node: NodeState, ops: Sequence[TcOp]) -> None:
         assert node.namespace is not None
         unique = tuple(dict.fromkeys(ops))
-        tc.run_steps(node.namespace, node.endpoint.index, tcdiff.teardown(unique), missing_ok=True)
+        tc.run_steps(node.namespace, node.endpoint.index, tc_diff.teardown(unique), missing_ok=True)
         node.tc = ()
 
     def _forget(self, node: NodeState) -> None:

@@ -26,7 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from squall.shaping.ops import INGRESS_HANDLE, TC_H_INGRESS, TC_H_ROOT, ClassOp, DeviceOp, FilterOp, QdiscOp, TcOp
+from squall.shaping.planning.ops import (
+    INGRESS_HANDLE,
+    TC_H_INGRESS,
+    TC_H_ROOT,
+    ClassOp,
+    DeviceOp,
+    FilterOp,
+    QdiscOp,
+    TcOp,
+)
 
 Verb = Literal["add", "change", "delete"]
 Key = tuple[object, ...]

@@ -1,19 +1,20 @@
 """The real-time change executor: sends pre-encoded in-place changes at their due times.
 
 A :class:`Schedule` is every change of a run, planned and encoded beforehand
-(:mod:`.changes`, :mod:`.tcwire`): per change its time from the run's start, the netlink batch of
-each namespace, and for the nfqueue backend the delay daemon's new link parameters. It is handed
-over (the process started, its sockets opened) before the run starts; the start itself is one
-number on ``CLOCK_MONOTONIC`` (the same clock in every process of the host), so starting costs
-nothing. Whoever runs it does nothing at a due time but send:
+(:mod:`squall.shaping.planning.changes`, :mod:`squall.shaping.planning.tc_messages`): per change its
+time from the run's start, the netlink batch of each namespace, and for the nfqueue backend the
+delay daemon's new link parameters. It is handed over (the process started, its sockets opened)
+before the run starts; the start itself is one number on ``CLOCK_MONOTONIC`` (the same clock in
+every process of the host), so starting costs nothing. Whoever runs it does nothing at a due time
+but send:
 
-* the netem backend starts ``python -m squall.shaping.scheduled`` (:class:`ScheduleProcess`), one
+* the netem backend starts ``python -m squall.shaping.clock.sender`` (:class:`ScheduleProcess`), one
   small process at ``SCHED_FIFO`` holding one ``NETLINK_ROUTE`` socket per namespace, opened
   before the run starts; it sleeps until each due time, sends, reads the kernel's acks and reports
   when each change was done (one JSON line on stdout);
 * the nfqueue backend hands the schedule to its delay daemon (already ``SCHED_FIFO``), which keeps
   it in the :class:`Agenda` its event loop arms its timer with, sets the link parameters and sends
-  the HTB changes from its own loop (:mod:`.nfqueue.daemon`).
+  the HTB changes from its own loop (:mod:`squall.shaping.nfqueue.daemon`).
 
 A busy host then delays a change only as long as the kernel takes to wake a real-time task: no
 interpreter lock of the harness, no plan or diff, no namespace to enter, no subprocess. The
@@ -42,9 +43,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from squall.shaping.base import ShapingError
-from squall.shaping.namespace import Namespace
-from squall.shaping.netlink import NETLINK_ROUTE, NLMSG_ERROR, NLMSGHDR
-from squall.shaping.tcwire import split, with_seq
+from squall.shaping.kernel.netlink import NETLINK_ROUTE, NLMSG_ERROR, NLMSGHDR
+from squall.shaping.kernel.netns import Namespace
+from squall.shaping.planning.tc_messages import split, with_seq
 
 logger = logging.getLogger(__name__)
 
@@ -306,8 +307,8 @@ def serve(schedule: Schedule, stdin: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m squall.shaping.scheduled --schedule FILE [--realtime N]``."""
-    parser = argparse.ArgumentParser(prog="python -m squall.shaping.scheduled", description=__doc__.splitlines()[0])
+    """``python -m squall.shaping.clock.sender --schedule FILE [--realtime N]``."""
+    parser = argparse.ArgumentParser(prog="python -m squall.shaping.clock.sender", description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", required=True, help="the schedule file (JSON, written by the harness)")
     parser.add_argument("--realtime", type=int, default=DEFAULT_PRIORITY, help="SCHED_FIFO priority; 0 = normal")
     args = parser.parse_args(argv)
@@ -332,7 +333,7 @@ class ScheduleProcess:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "squall.shaping.scheduled", "--schedule", str(self.path),
+            [sys.executable, "-m", "squall.shaping.clock.sender", "--schedule", str(self.path),
              "--realtime", str(realtime)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )

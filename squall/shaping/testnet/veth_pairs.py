@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from squall.shaping.netns import netns_of_name, socket_in
+from squall.shaping.kernel.netns import netns_of_name, socket_in
 
 logger = logging.getLogger(__name__)
 REPO_ROOT = str(Path(__file__).resolve().parents[3])
@@ -116,7 +116,7 @@ class Testbed:
 
         ``realtime`` is its SCHED_FIFO priority: below the daemon's default (10), above any worker.
         """
-        argv = [sys.executable, "-m", "squall.shaping.echo_probe", "echo", "--port", str(port)]
+        argv = [sys.executable, "-m", "squall.shaping.testnet.echo_probe", "echo", "--port", str(port)]
         proc = self.spawn(key, [*argv, "--realtime", str(realtime)], stdout=subprocess.PIPE)
         assert proc.stdout is not None
         line = proc.stdout.readline()

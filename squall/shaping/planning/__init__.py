@@ -1,0 +1,1 @@
+"""Pure planning, no I/O: a profile's link state at a moment, and the kernel operations and changes it becomes."""
