@@ -57,7 +57,8 @@ import pytest
 logger = logging.getLogger(__name__)
 
 MARKER = "squall"
-MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config"}
+MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config",
+               "compare"}
 #: Marker keys of a program (``command=[...]``) rather than a protocol.
 PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude"}
 #: Marker keys that make no sense with a command.
@@ -459,6 +460,65 @@ def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: A
 
 _TRACE = pytest.StashKey[Any]()
 _VERDICTS = pytest.StashKey[list[Any]]()
+
+
+@pytest.fixture
+def squall_comparison(request: pytest.FixtureRequest, squall_session: SquallSession, tmp_path: Path) -> Any:
+    """Name: squall_comparison. Scope: function. Depends: a ``compare={...}`` marker, Docker.
+
+    Runs the marker's comparison (``squall compare``'s experiment: pairs of runs on the session's cluster)
+    and fails the test only on a detected regression (a gating measure ``worse``); otherwise returns the
+    :class:`squall.experiment.comparison.CompareResult` for the test's own asserts. ``compare`` takes
+    ``baseline`` and ``candidate`` (a command as a list of words, or a protocol ``'NAME [KEY=VALUE ...]'``),
+    or ``ref`` and ``command``; and ``runs``, ``max_runs``, ``tolerance``, ``gate``, ``seconds``, ``seed``;
+    the marker's ``profiles``, ``workers``, ``metrics``, ``target``, ``workdir``... apply to both sides.
+    """
+    from squall.cli.compare import format_result
+    from squall.experiment.comparison import CompareResult, plan_from, run_comparison
+    from squall.programs.snapshot import resolve_ref, snapshot_ref
+    from squall.programs.spec import ProgramError, program_from_mapping
+    from squall.target import Target, TargetError
+
+    marker = request.node.get_closest_marker(MARKER)
+    kwargs = dict(marker.kwargs) if marker else {}
+    where = f"{request.node.nodeid}: @pytest.mark.squall"
+    if "compare" not in kwargs:
+        raise pytest.UsageError(f"{where}: squall_comparison needs compare={{'baseline': ..., 'candidate': ...}}")
+    test_dir = Path(request.node.path).parent
+    shared = {k: kwargs[k] for k in PROGRAM_KEYS - {"command", "name"} if k in kwargs}
+    if "target" in kwargs:
+        shared["target"] = kwargs["target"]
+
+    def program(command: list[str], name: str, workdir: str | None = None) -> Any:
+        raw = {**shared, "command": command, "name": name, **({"workdir": workdir} if workdir else {})}
+        return program_from_mapping(raw, source=where, base=test_dir)
+
+    def ref_program(ref: str, command: list[str]) -> Any:
+        folder = program(command, "candidate").workdir
+        snap = snapshot_ref(resolve_ref(ref, folder, flag=f"{where}: compare ref"), tmp_path / "ref")
+        return program(command, "baseline", workdir=snap.path)
+
+    profiles = kwargs.get("profiles") or _split(squall_session.option("profiles")) or DEFAULTS["profiles"]
+    workers = kwargs.get("workers") or (_split(squall_session.option("workers")) or DEFAULTS["workers"])[0]
+    try:
+        target = Target.of(kwargs.get("target"))
+        plan = plan_from(kwargs["compare"], where=where, profiles=[str(p) for p in profiles], workers=int(workers),
+                         program=program, ref_snapshot=ref_program, target=target,
+                         seconds=float(kwargs.get("seconds", 60.0)))
+    except (ProgramError, TargetError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    _require_docker(squall_session)
+    result = CompareResult(plan, run_comparison(plan, squall_session.session, logs=tmp_path / "ranks"))
+    request.node.user_properties.append(("squall_compare_verdict", result.verdict))
+    if result.regression:
+        pytest.fail(format_result(result), pytrace=False)
+    return result
+
+
+def _split(value: Any) -> list[str]:
+    if not value:
+        return []
+    return [v.strip() for v in str(value).split(",") if v.strip()]
 
 
 @pytest.fixture

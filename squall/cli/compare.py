@@ -27,11 +27,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from squall.checks.measures import BYTES_SENT, BYTES_TO_TARGET, FINAL, STEP_INTERVAL, TIME_TO_TARGET
+from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, LOCAL, MAX_WORKERS, select_engine
-from squall.experiment.comparison import ComparePlan, CompareResult, ProfileResult, Side, run_comparison
+from squall.experiment.comparison import (
+    DEFAULT_TOLERANCE,
+    ComparePlan,
+    CompareResult,
+    ProfileResult,
+    Side,
+    fraction,
+    protocol_words,
+    run_comparison,
+)
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import RunSpec
 from squall.experiment.program import program_image
@@ -40,49 +48,26 @@ from squall.profiles import load_profile
 from squall.programs.snapshot import resolve_ref, snapshot_ref
 from squall.programs.spec import ProgramError, ProgramSpec, program_from_args
 from squall.progress import Display
-from squall.protocols.catalog import lookup
 from squall.report import provenance
 from squall.report.comparison import write_comparison
 from squall.target import Target
 
 DEFAULT_RUNS = 5
-DEFAULT_TOLERANCE = 0.01  # criterion.rs's noise threshold too: below it a "detected" change is not worth a word
 MEASURES = (TIME_TO_TARGET, BYTES_TO_TARGET, BYTES_SENT, STEP_INTERVAL)
 DEFAULT_SECONDS = {"program": 60.0, "protocol": 20.0}
 
 
 def tolerance(text: str) -> float:
     """``2%`` or ``0.02`` -> 0.02."""
-    raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a percentage such as 2% or a fraction such as "
-                                         "0.02") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: 0% up to (not including) 100%")
-    return value
+        return fraction(text, where="--tolerance")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def protocol_side(text: str, *, flag: str) -> tuple[str, dict[str, Any]]:
     """``NAME [KEY=VALUE ...]`` -> the protocol and its config (values read as YAML scalars)."""
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(f"{flag}: {text!r}: {exc}") from None
-    if not words:
-        raise ValueError(f"{flag}: give a protocol name, e.g. 'topk' or 'topk k=0.05'")
-    name, config = words[0], {}
-    try:
-        lookup(name)
-    except KeyError as exc:
-        raise ValueError(f"{flag}: {exc.args[0] if exc.args else exc}") from None
-    for word in words[1:]:
-        key, sep, value = word.partition("=")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"{flag}: {word!r}: expected KEY=VALUE (a key of the protocol's config)")
-        config[key] = yaml.safe_load(value) if value else ""
-    return name, config
+    return protocol_words(text, where=flag)
 
 
 def _command(text: str, *, flag: str) -> list[str]:
@@ -180,6 +165,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         except ProgramError as exc:
             raise ValueError(str(exc)) from None
         plan = _plan(args, base, cand, kind)
+        preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         if base.program is not None:
             program_image(base.program)  # a requirement that cannot be installed: before any container
         return _run(args, plan, report)

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SIDES = ("baseline", "candidate")
 CONFIDENCE = 0.95
+DEFAULT_TOLERANCE = 0.01  # criterion.rs's noise threshold too: below it a "detected" change is not worth a word
 #: The overall word, most telling first: one worse measure makes the comparison a regression.
 ORDER = ("worse", "better", "unknown", "same")
 
@@ -208,7 +209,9 @@ def run_one(session: Session, plan: ComparePlan, side: Side, profile: str, *, pa
                                        logs=logs / f"{side.name}-{pair}", label=label, together=together)
             trace = done.trace
             verdict = judge(trace, done.runs, target=plan.target, metric_names=side.program.metric_names)
-            passed, why = verdict.passed, verdict.line()
+            crashed = [r.describe() for r in done.runs if r.failed]
+            passed = not crashed  # not reaching the target is measured (censored), not a failed run
+            why = "; ".join(crashed) or verdict.line()
         else:
             assert side.protocol is not None
             spec = replace(side.protocol, profile=profile, seed=seed, seconds=plan.seconds, target=plan.target)
@@ -295,3 +298,122 @@ def _brief(outcome: RunOutcome) -> str:
         f"target not reached in {ttt.value:.1f} s, " if ttt.censored else f"target in {ttt.value:.2f} s, ")
     state = {True: "ok", False: "FAILED", None: "no verdict"}[outcome.passed]
     return f"{state}, {reached}{outcome.seconds:.1f} s in all"
+
+
+# -- comparisons written as data: a matrix file's compare: entries, the plugin's marker ---------------------------
+#: Keys of a comparison written as data.
+COMPARE_KEYS = ("baseline", "candidate", "ref", "command", "runs", "max_runs", "tolerance", "gate", "seconds", "seed",
+                "figures")
+
+
+def protocol_words(text: str, *, where: str) -> tuple[str, dict[str, Any]]:
+    """``NAME [KEY=VALUE ...]`` -> the protocol and its config (each value a YAML scalar)."""
+    import shlex
+
+    import yaml
+
+    from squall.protocols.catalog import lookup
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {text!r}: {exc}") from None
+    if not words:
+        raise ValueError(f"{where}: give a protocol name, e.g. 'topk' or 'topk k=0.05'")
+    try:
+        lookup(words[0])
+    except KeyError as exc:
+        raise ValueError(f"{where}: {exc.args[0] if exc.args else exc}") from None
+    config: dict[str, Any] = {}
+    for word in words[1:]:
+        key, sep, value = word.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"{where}: {word!r}: expected KEY=VALUE (a key of the protocol's config)")
+        config[key] = yaml.safe_load(value) if value else ""
+    return words[0], config
+
+
+def fraction(value: Any, *, where: str) -> float:
+    """``2%``, ``"0.02"`` or ``0.02`` -> 0.02 (a tolerance)."""
+    text = str(value).strip()
+    try:
+        out = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {value!r}: expected a percentage such as 2% or a fraction such as 0.02") from None
+    if not 0 <= out < 1:
+        raise ValueError(f"{where}: {value!r}: allowed: 0% up to (not including) 100%")
+    return out
+
+
+def side_from(name: str, value: Any, *, where: str, programs: Mapping[str, ProgramSpec],
+              program: Callable[[list[str], str], ProgramSpec], run: Mapping[str, Any]) -> Side:
+    """One side written as data: a command (a list of words), one of ``programs`` by name, or a protocol
+    (``NAME [KEY=VALUE ...]``, run with the ``run`` fields: task, lr, config...)."""
+    if isinstance(value, list | tuple):
+        if not value or not all(isinstance(w, str) and w for w in value):
+            raise ValueError(f"{where}: {name}: a command is a non-empty list of words, got {value!r:.120}")
+        return Side(name, " ".join(value), program=program(list(value), name))
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: {name}: expected a command (a list of words), a program's name or a protocol "
+                         f"('NAME [KEY=VALUE ...]'), got {value!r:.120}")
+    if value in programs:
+        return Side(name, value, program=programs[value])
+    protocol, config = protocol_words(value, where=f"{where}: {name}")
+    fields = {k: v for k, v in run.items() if k in ("task", "lr", "batch_size", "steps")}
+    merged = {**dict(run.get("config") or {}), **config}
+    return Side(name, value, protocol=RunSpec(protocol=protocol, profile="lan", config=merged, **fields))
+
+
+def plan_from(raw: Mapping[str, Any], *, where: str, profiles: Sequence[str], workers: int,
+              program: Callable[[list[str], str], ProgramSpec], ref_snapshot: Callable[[str, list[str]], ProgramSpec],
+              programs: Mapping[str, ProgramSpec] | None = None, run: Mapping[str, Any] | None = None,
+              target: Target | None = None, seconds: float = 60.0) -> ComparePlan:
+    """A comparison written as data (keys :data:`COMPARE_KEYS`): ``baseline`` and ``candidate`` (each a command,
+    a program's name or a protocol), or ``ref`` and ``command`` (the folder at a git ref against the folder as
+    it is now); ``runs``, ``max_runs``, ``tolerance``, ``gate``, ``seconds``, ``seed``, ``figures``.
+
+    :param program: makes a program of a command and a side's name (the caller's metrics, target, folder...).
+    :param ref_snapshot: makes the baseline program of ``ref`` and ``command`` (a copy of the folder at the ref).
+    :raises ValueError: naming ``where`` and the key.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: a comparison is a mapping with keys {list(COMPARE_KEYS)}, got {raw!r:.120}")
+    unknown = sorted(set(raw) - set(COMPARE_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {list(COMPARE_KEYS)}")
+    run = run or {}
+    if "ref" in raw:
+        if "baseline" in raw or "candidate" in raw:
+            raise ValueError(f"{where}: give ref and command, or baseline and candidate, not both")
+        command = raw.get("command")
+        if not isinstance(command, list | tuple) or not command or not all(isinstance(w, str) for w in command):
+            raise ValueError(f"{where}: ref: needs command, the command as a list of words")
+        base_program = ref_snapshot(str(raw["ref"]), list(command))
+        cand_program = program(list(command), "candidate")
+        base = Side("baseline", f"{' '.join(command)} at {raw['ref']}", program=base_program)
+        cand = Side("candidate", f"{' '.join(command)} as it is now", program=cand_program)
+    else:
+        missing = [k for k in ("baseline", "candidate") if k not in raw]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing} (or give ref and command)")
+        made = [side_from(k, raw[k], where=where, programs=programs or {}, program=program, run=run)
+                for k in ("baseline", "candidate")]
+        base, cand = made
+        if (base.program is None) != (cand.program is None):
+            raise ValueError(f"{where}: baseline and candidate must both be programs or both be protocols")
+    gate = raw.get("gate") or []
+    gate = [gate] if isinstance(gate, str) else gate
+    figures = raw.get("figures") or []
+    runs = raw.get("runs", 5)
+    max_runs = raw.get("max_runs")
+    for key, value in (("runs", runs), ("max_runs", max_runs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{where}: {key}: expected an integer, got {value!r}")
+    try:
+        return ComparePlan(baseline=base, candidate=cand, profiles=tuple(profiles), workers=workers, runs=runs,
+                           max_runs=max_runs, seconds=float(raw.get("seconds", seconds)), seed=int(raw.get("seed", 0)),
+                           target=target, figures=tuple(str(f) for f in figures),
+                           tolerance=fraction(raw.get("tolerance", DEFAULT_TOLERANCE), where=f"{where}: tolerance"),
+                           gate=tuple(str(g) for g in gate))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
