@@ -22,6 +22,8 @@ from typing import Any
 from squall.cluster import ClusterError, ClusterSpec, Mount
 from squall.cluster.backend import ClusterBackend, open_cluster
 from squall.cluster.cluster import SRC_MOUNT, JobHandle
+from squall.cluster.code_stage import is_site_dir
+from squall.cluster.code_stage import stage as stage_code
 from squall.cluster.image import REPO_ROOT as SQUALL_ROOT
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import default_engine
@@ -29,7 +31,7 @@ from squall.experiment.driver import Cell, CounterSampler, Ended, ExperimentErro
 from squall.experiment.timeline import Action
 from squall.profiles import load_profile
 from squall.progress import Observer, Quiet
-from squall.protocols.catalog import lookup
+from squall.protocols.catalog import lookup, third_party_code
 from squall.run_meta import RunMeta
 from squall.run_trace import RunTrace
 from squall.shaping import Shaper, TimedState
@@ -311,23 +313,36 @@ def incarnations(first: Sequence[JobResult], later: Sequence[JobResult]) -> list
 
 
 def code_dir_of(protocol: str) -> str | None:
-    """The host directory to mount for a ``package.module:function`` protocol (None for built-ins).
+    """The host directory to mount for a third party's protocol (None for Squall's own).
 
-    It is the directory that holds the top-level package, found with the host's import system, so
-    a third party's package is importable inside the containers exactly as on the host.
+    A ``package.module:function`` name: the directory that holds the top-level package, found with
+    the host's import system, so the package is importable inside the containers exactly as on the
+    host; where that directory is a site-packages folder, a staged copy of the package instead
+    (:mod:`squall.cluster.code_stage`). A short name an installed distribution declared under the
+    ``squall.protocols`` entry point: a staged copy of its packages and its metadata folder
+    (:func:`squall.protocols.catalog.third_party_code`), so the containers' catalog knows it too.
     """
     if ":" not in protocol:
-        return None
+        try:
+            code = third_party_code(protocol)
+        except ValueError as exc:  # DeclarationError: its package is not importable here
+            raise ExperimentError(str(exc)) from exc
+        if code is None:
+            return None  # one of Squall's protocols: already mounted
+        return str(stage_code([*code.modules, *([code.metadata] if code.metadata is not None else [])]))
     top = protocol.split(":", 1)[0].split(".", 1)[0]
     spec = importlib.util.find_spec(top)
     if spec is None:
         raise ExperimentError(f"protocol {protocol!r}: package {top!r} is not importable on this host")
     if spec.submodule_search_locations:  # a package: mount the directory that contains it
-        root = Path(next(iter(spec.submodule_search_locations))).parent
+        source = Path(next(iter(spec.submodule_search_locations)))
     elif spec.origin:  # a single module file
-        root = Path(spec.origin).parent
+        source = Path(spec.origin)
     else:
         raise ExperimentError(f"protocol {protocol!r}: cannot tell where {top!r} lives")
+    root = source.parent
     if root == Path(SQUALL_ROOT):
         return None  # part of Squall: already mounted
+    if is_site_dir(root):  # installed: its copy, not every package of the environment
+        return str(stage_code([source]))
     return str(root)

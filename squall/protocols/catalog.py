@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import pkgutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -177,6 +178,65 @@ def lookup(name: str) -> Declaration:
     raise KeyError(f"unknown protocol {name!r}; known: {sorted(known)}, or give 'package.module:function'")
 
 
+@dataclass(frozen=True)
+class ThirdPartyCode:
+    """The host files a protocol declared outside Squall needs in the containers (:func:`third_party_code`)."""
+
+    distribution: str  # the installed distribution that declared it, e.g. "myproto 0.1.0"
+    modules: tuple[Path, ...]  # its top-level packages (folders) or single-module files the containers import
+    metadata: Path | None  # its metadata folder (``*.dist-info``: the entry points), for the containers' catalog
+
+
+def third_party_code(name: str) -> ThirdPartyCode | None:
+    """Where the code of protocol ``name`` lives on the host, when an installed distribution declared it
+    under the entry-point group ``squall.protocols``; None for Squall's own protocols (and for
+    ``package.module:function`` names, which are not declared).
+
+    The containers need the top-level package of the entry point's module and of the declaration's
+    job (``Declaration.entry``, when it is a ``package.module:function``), plus the distribution's
+    metadata folder, so that the catalog inside the containers finds the same declarations (a job or
+    an algorithm declared by name resolves there as here).
+
+    :raises DeclarationError: the package of one of them cannot be found on the host.
+    """
+    protocol = discover().protocols.get(name)  # loads every entry point once (a broken one raises here)
+    if protocol is None:
+        return None
+    for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if name not in {d.name for d in declarations_of(point.load(), point.name)}:
+            continue
+        tops = [point.module.split(".", 1)[0]]
+        if ":" in protocol.entry:
+            tops.append(protocol.entry.split(":", 1)[0].split(".", 1)[0])
+        modules = tuple(_module_path(top, f"protocol {name!r} ({point.value})") for top in dict.fromkeys(tops)
+                        if top != "squall")
+        dist = point.dist
+        label = f"{dist.name} {dist.version}" if dist is not None else f"entry point {point.name}"
+        return ThirdPartyCode(label, modules, _metadata_dir(dist) if dist is not None else None)
+    return None
+
+
+def _module_path(top: str, what: str) -> Path:
+    """The folder of top-level package ``top``, or its module file, found with the host's import system."""
+    from squall.training.declaration import DeclarationError
+
+    spec = importlib.util.find_spec(top)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        return Path(spec.origin)
+    raise DeclarationError(f"{what}: package {top!r} is not importable on this host, or has no folder or file")
+
+
+def _metadata_dir(dist: importlib.metadata.Distribution) -> Path | None:
+    """The ``*.dist-info`` folder of an installed distribution (where its entry points are written)."""
+    for file in dist.files or ():
+        if file.parts and file.parts[0].endswith((".dist-info", ".egg-info")) and file.name == "METADATA":
+            return Path(str(dist.locate_file(file))).parent
+    path = getattr(dist, "_path", None)  # a PathDistribution without a RECORD
+    return Path(path) if path is not None else None
+
+
 def source_of(name: str) -> str:
     """Where protocol ``name`` was declared: its module, or the distribution and entry point."""
     return discover().sources[name]
@@ -202,15 +262,22 @@ def make_algorithm(
 ) -> Algorithm:
     """The algorithm ``name`` over ``transport`` with ``options`` (declared by the protocol folders, or ``local``).
 
-    :raises ValueError: unknown name or option.
+    ``options`` are read into the declaration's options dataclass (:func:`~squall.training.options.read_options`).
+
+    :raises ValueError: unknown name, unknown option or a value its options class refuses.
     """
     from squall.training.optim import Sgd
+    from squall.training.options import read_options
 
     known = algorithms()
     if name not in known:
         raise ValueError(f"unknown algorithm {name!r}; known: {sorted(known)}")
+    declared = known[name]
+    if declared.options is not None:
+        return declared.build(transport, optimizer or Sgd(), read_options(declared.options, options,
+                                                                           where=f"algorithm {name!r}"))
     remaining = dict(options or {})
-    algorithm = known[name].build(transport, optimizer or Sgd(), remaining)
+    algorithm = declared.build(transport, optimizer or Sgd(), remaining)
     if remaining:
         raise ValueError(f"algorithm {name!r} does not take options {sorted(remaining)}")
     return algorithm
