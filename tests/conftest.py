@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from squall.calibration.stalls import StallPolicy
 from squall.cluster.engine import in_ci
 
 #: Each module's wall time and the host's busy CPU time over it, as a table after a session (not under xdist).
@@ -48,6 +49,23 @@ def worker_image(docker_client: Any) -> str:
         _missing("the worker image is not built for the current inputs: run 'make image'")
     assert tag is not None
     return tag
+
+
+@pytest.fixture(scope="session")
+def session_stall_policy(request: pytest.FixtureRequest) -> StallPolicy:
+    """Name: session_stall_policy. Scope: session. The host-stall policy of this session: the quiet host's
+    (:data:`squall.calibration.stalls.HOST`), or the one a plugin measured (:data:`tests.timing.STALL_POLICY`)."""
+    from tests.timing import session_policy
+
+    return session_policy(request.config)
+
+
+@pytest.fixture(scope="session")
+def stall_policy(session_stall_policy: StallPolicy) -> StallPolicy:
+    """Name: stall_policy. Scope: session. Depends: session_stall_policy. The policy a test's judges and
+    retries go by, passed to them explicitly; a module may override it (the netem VM's guest scales it
+    to its own packet path)."""
+    return session_stall_policy
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 from squall.calibration import stalls
 from squall.calibration.expected import FRAME_OVERHEAD_BYTES
+from squall.calibration.stalls import StallPolicy
 from squall.checks.verdict import Validity
 
 PING_ABS_US = 500.0  # RTT within max(0.5 ms, 5 %) of both directions' delays
@@ -65,17 +66,18 @@ def parse_ping(text: str) -> list[float]:
 
 
 def judge_ping(link: tuple[int, int], rtts_us: list[float], expected_us: float, base_us: float,
-               *, sent: int) -> Row:
-    """``ping``'s RTT against the sum of both directions' delays (``expected_us``) plus the unshaped RTT."""
+               *, sent: int, policy: StallPolicy) -> Row:
+    """``ping``'s RTT against the sum of both directions' delays (``expected_us``) plus the unshaped RTT,
+    host stalls left out by ``policy``'s window."""
     if len(rtts_us) < sent // 2:
         return Row(link, "ping_rtt", Validity.FAIL.past, f"{len(rtts_us)} of {sent} pings answered")
-    kept, stalled = stalls.policy().split(rtts_us, 0.0)
+    kept, stalled = policy.split(rtts_us, 0.0)
     want = expected_us + base_us
     tol = max(PING_ABS_US, PING_REL * expected_us)
     told = (f"ping RTT mean {kept.mean / 1e3:.3f} ms without {stalled} host stalls (n={len(rtts_us)}), expected "
             f"{expected_us / 1e3:.3f} ms of delays + {base_us / 1e3:.3f} ms unshaped = {want / 1e3:.3f} "
             f"+- {tol / 1e3:.3f} ms")
-    # A quiet host's bound even where the policy in force was scaled to a noisier path: that scaling
+    # A quiet host's bound even where ``policy`` was scaled to a noisier path: that scaling
     # adds the tail of the path's one-way probe delays, which ping's round trips were never measured by.
     if stalled > stalls.HOST.probe_share * len(rtts_us):
         return Row(link, "ping_rtt", Validity.UNKNOWN.past, f"host {stalls.TOO_BUSY}: {told}")

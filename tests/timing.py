@@ -1,13 +1,16 @@
 """Timing measurements on a shared host: a measurement may be tried again when a host stall spoilt it.
 
 What a host stall is, and when it leaves a measurement unknown, is the stall policy's
-(:mod:`squall.calibration.stalls`); here it meets pytest. A stall delays every packet in flight and
-takes a slice of a TCP transfer's time, whatever the code under test does. :func:`retrying` runs a
-measurement together with its assertions up to :data:`ATTEMPTS` times and passes on the first clean
-attempt, so a stall does not fail the suite; code that shapes or times wrongly fails every attempt,
-and the failure then lists them all. Only measurements of time go through it, never functional
-checks. An outcome is a :class:`~squall.checks.verdict.Validity`: unknown because the host was too
-busy skips the test (nothing was judged), never passes it.
+(:mod:`squall.calibration.stalls`); here it meets pytest. The policy is passed in: a test takes the
+``stall_policy`` fixture (``tests/conftest.py``: the session's policy, the quiet host's unless a
+plugin measured a noisier host and put its own in :data:`STALL_POLICY`; a module may override the
+fixture, as the netem VM's guest does) and hands it to the helpers here. A stall delays every
+packet in flight and takes a slice of a TCP transfer's time, whatever the code under test does.
+:func:`retrying` runs a measurement together with its assertions up to :data:`ATTEMPTS` times and
+passes on the first clean attempt, so a stall does not fail the suite; code that shapes or times
+wrongly fails every attempt, and the failure then lists them all. Only measurements of time go
+through it, never functional checks. An outcome is a :class:`~squall.checks.verdict.Validity`:
+unknown because the host was too busy skips the test (nothing was judged), never passes it.
 """
 
 from __future__ import annotations
@@ -27,11 +30,19 @@ from typing import Any
 import pytest
 
 from squall.calibration import stalls
+from squall.calibration.stalls import StallPolicy
 from squall.checks.verdict import Validity, merge
 
 logger = logging.getLogger(__name__)
 
 ATTEMPTS = 3
+#: Where a plugin that measured this host puts the session's stall policy (the netem VM's guest plugin).
+STALL_POLICY = pytest.StashKey[StallPolicy]()
+
+
+def session_policy(config: pytest.Config) -> StallPolicy:
+    """The session's stall policy: what a plugin put in :data:`STALL_POLICY`, else the quiet host's."""
+    return config.stash.get(STALL_POLICY, stalls.HOST)
 
 
 class HostTooBusy(AssertionError):
@@ -43,9 +54,9 @@ CANARY_PRIORITY = 20  # SCHED_FIFO of the canary: above the delay daemon (10) an
 CANARY_SLEEP_S = 0.001
 
 
-def canary_bound_us() -> float:
-    """The canary's p99 lateness above which the host stalled (the stall policy in force)."""
-    return stalls.policy().canary_p99_us
+def canary_bound_us(policy: StallPolicy) -> float:
+    """The canary's p99 lateness above which the host stalled (``policy``'s)."""
+    return policy.canary_p99_us
 
 
 class StallCanary:
@@ -53,7 +64,7 @@ class StallCanary:
 
     Nothing in the code under test runs in it, so its lateness is the host's alone: a VM whose
     vCPUs are descheduled (steal time) delays even SCHED_FIFO threads. Its bound is the stall
-    policy's (:func:`canary_bound_us`).
+    policy's (:func:`canary_bound_us`), which the caller passes.
     """
 
     def __init__(self) -> None:
@@ -85,11 +96,11 @@ class StallCanary:
         return late[int(0.99 * (len(late) - 1))] if len(late) >= 100 else 0.0
 
 
-def retrying(measure: Callable[[], None], what: str, *, attempts: int = ATTEMPTS) -> None:
+def retrying(measure: Callable[[], None], what: str, *, policy: StallPolicy, attempts: int = ATTEMPTS) -> None:
     """Run ``measure`` (a measurement and its assertions) until one attempt passes, at most ``attempts``.
 
     A :class:`StallCanary` watches every attempt: an attempt that fails while the canary itself woke
-    late (p99 over :func:`canary_bound_us`) failed because the host stalled, and counts as
+    late (p99 over ``policy``'s :func:`canary_bound_us`) failed because the host stalled, and counts as
     :class:`HostTooBusy` (unknown). The attempts that did not pass merge by the one rule: any failed
     fails the test; all unknown skip it with the measured reason (nothing was judged).
     """
@@ -102,7 +113,7 @@ def retrying(measure: Callable[[], None], what: str, *, attempts: int = ATTEMPTS
                 measure()
             return
         except AssertionError as exc:
-            bound = canary_bound_us()
+            bound = canary_bound_us(policy)
             if canary.p99_us() > bound and not isinstance(exc, HostTooBusy):
                 exc = HostTooBusy(f"{exc} [the host stalled: a real-time canary woke {canary.p99_us():.0f} us "
                                   f"late at the 99th percentile, more than {bound:.0f} us]")
@@ -139,19 +150,18 @@ def judged(row: Any) -> None:
 
 
 def assert_delay_without_stalls(samples: list[float] | tuple[float, ...], expected_us: float, what: str,
-                                *, tol_us: float, sd_us: float = 0.0) -> None:
+                                *, policy: StallPolicy, tol_us: float, sd_us: float = 0.0) -> None:
     """The mean one-way delay without host stalls (as the calibration's delay check takes it) within
     ``tol_us`` of ``expected_us``; :class:`HostTooBusy` when stalls are too many to judge it.
 
     ``sd_us``: the link's configured jitter (s.d.). As in the calibration, a stall is a delay beyond
-    the stall policy's window for that jitter (:mod:`squall.calibration.stalls`), and a link whose
+    ``policy``'s window for that jitter (:mod:`squall.calibration.stalls`), and a link whose
     window is wider than the floor is judged only while few of its packets stall (the stalls inside
     its law stay in the mean): with the floor's window for every link, a jittered link's own spread
     would count as host stalls and the check could never be made (a 20 +- 5 ms uniform law has 80 %
     of its delays over 1 ms from the median). Any other link is judged while the probe as a whole
     can be used.
     """
-    policy = stalls.policy()
     window = policy.window_us(sd_us)
     limit = policy.hidden_share if window > policy.floor_us else policy.probe_share
     kept, stalled = stalls.without_stalls(samples, window)

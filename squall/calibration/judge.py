@@ -10,6 +10,7 @@ Per checked link ``s -> d``:
 * ``rate`` when the link (or the sender's uplink, or the receiver's downlink) has one.
 
 A link in ``state.blocked`` must lose everything, and gets only a ``loss`` row expecting 100 %.
+Every function that counts host stalls takes the caller's :class:`~.stalls.StallPolicy`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from squall.calibration.expected import (
     rtt_model,
 )
 from squall.calibration.observations import Link, RoundTrip, TransferObservation, UdpObservation
+from squall.calibration.stalls import StallPolicy
 from squall.calibration.stats import Moments, interquartile_range, pool
 from squall.calibration.verdicts import (
     LOSS_RESOLUTION,
@@ -53,7 +55,7 @@ class Baseline:
     stalled: float = 0.0  # the largest share of one link's legs beyond the stall window of a link without jitter
 
     @classmethod
-    def from_udp(cls, obs: UdpObservation | None) -> Baseline:
+    def from_udp(cls, obs: UdpObservation | None, policy: StallPolicy) -> Baseline:
         """Pool every link and round trip of an unshaped probe (zeros when there is none).
 
         Means and s.d.s leave out host stalls (samples beyond the stall window of a link without
@@ -61,7 +63,8 @@ class Baseline:
         s.d. is estimated from the quartiles of what is left (as normal noise) when raw samples are
         there, as the jitter check does. ``stalled`` says how much
         was left out on the worst link: a baseline that the host stalled as much as a shaped probe
-        that could not be judged cannot correct one either (the judge then answers unknown).
+        that could not be judged cannot correct one either (the judge then answers unknown). The
+        window is ``policy``'s.
         """
         if obs is None:
             return cls(0.0, 0.0, 0.0, 0.0, 0)
@@ -69,13 +72,12 @@ class Baseline:
         trips = pool(t.rtt for t in obs.round_trips.values())
         leg_samples = [v for o in obs.links.values() for v in o.one_way_samples]
         trip_samples = [v for t in obs.round_trips.values() for v in t.rtt_samples]
-        leg_sd = _robust_sd(leg_samples, legs)
-        trip_sd = _robust_sd(trip_samples, trips)
-        policy = stalls.policy()
+        leg_sd = _robust_sd(leg_samples, legs, policy)
+        trip_sd = _robust_sd(trip_samples, trips, policy)
         stalled = max((policy.split(o.one_way_samples, 0.0)[1] / len(o.one_way_samples)
                        for o in obs.links.values() if o.one_way_samples and obs.shared_clock), default=0.0)
-        return cls(_mean(leg_samples, legs), leg_sd, _mean(trip_samples, trips), trip_sd, trips.count if trips else 0,
-                   stalled)
+        return cls(_mean(leg_samples, legs, policy), leg_sd, _mean(trip_samples, trips, policy), trip_sd,
+                   trips.count if trips else 0, stalled)
 
     def to_dict(self) -> dict[str, float]:
         """Plain data for JSON."""
@@ -84,17 +86,17 @@ class Baseline:
                 "stalled": self.stalled}
 
 
-def _mean(samples: list[float], fallback: Moments | None) -> float:
+def _mean(samples: list[float], fallback: Moments | None, policy: StallPolicy) -> float:
     """The mean without host stalls (as the delay check takes it), from raw samples when there are some."""
     if samples:
-        return stalls.policy().split(samples, 0.0)[0].mean
+        return policy.split(samples, 0.0)[0].mean
     return fallback.mean if fallback else 0.0
 
 
-def _robust_sd(samples: list[float], fallback: Moments | None) -> float:
+def _robust_sd(samples: list[float], fallback: Moments | None, policy: StallPolicy) -> float:
     """The s.d. as normal noise from the quartiles of the samples inside the stall window (no jitter)."""
     if len(samples) >= 2:
-        kept = stalls.within(samples, stalls.policy().window_us(0.0))
+        kept = stalls.within(samples, policy.window_us(0.0))
         return interquartile_range(kept) / NORMAL_IQR_PER_SD if len(kept) >= 2 else 0.0
     return fallback.sd if fallback else 0.0
 
@@ -110,29 +112,30 @@ class Evidence:
     tcp_round_trips: Mapping[Link, RoundTrip] | None = None  # fallback round trips
 
 
-def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, loss_confidence: float,
-          loss_resolution: float = LOSS_RESOLUTION) -> list[Check]:
-    """Every check of every link in ``links``, in link order; loss counts are judged at
-    ``loss_confidence`` and must resolve ``loss_resolution`` of the mean (the plan's)."""
+def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, policy: StallPolicy,
+          loss_confidence: float, loss_resolution: float = LOSS_RESOLUTION) -> list[Check]:
+    """Every check of every link in ``links``, in link order; host stalls are counted and judged by
+    ``policy``, loss counts at ``loss_confidence`` and must resolve ``loss_resolution`` of the mean (the
+    plan's)."""
     loss = functools.partial(_loss_row, confidence=loss_confidence, resolution=loss_resolution)
     rows: list[Check] = []
-    stalled = stalled_fraction(state, evidence.udp) if evidence.udp is not None else 0.0
+    stalled = stalled_fraction(state, evidence.udp, policy) if evidence.udp is not None else 0.0
     for link in links:
         if link in state.blocked:
             rows.append(loss(link, LossModel(1.0, 0.0, True), evidence, state))
             continue
-        rows += _delay_rows(link, state, evidence)
+        rows += _delay_rows(link, state, evidence, policy)
         rows.append(loss(link, loss_model(state.links[link].loss), evidence, state))
         rate = link_rate_bps(link[0], link[1], state.links[link], state.node_links)
         if rate is not None:
             t = evidence.transfers.get(link)
             rows.append(check_rate(link, rate, t.goodput_bps if t else None, t.mss if t else None,
-                                   ceiling_bps=evidence.ceiling_bps, host_stalls=stalled,
+                                   policy=policy, ceiling_bps=evidence.ceiling_bps, host_stalls=stalled,
                                    error=t.error if t else "no transfer was scheduled"))
     return rows
 
 
-def _delay_rows(link: Link, state: LinkState, evidence: Evidence) -> list[Check]:
+def _delay_rows(link: Link, state: LinkState, evidence: Evidence, policy: StallPolicy) -> list[Check]:
     spec, back = state.links[link], state.links[(link[1], link[0])]
     base = evidence.baseline
     udp = evidence.udp
@@ -141,18 +144,20 @@ def _delay_rows(link: Link, state: LinkState, evidence: Evidence) -> list[Check]
         one_way = seen.one_way if seen else None
         model = delay_model(spec)
         legs = seen.one_way_samples if seen else ()
-        stalled = max(stalled_fraction(state, udp), base.stalled)
-        return [check_delay(link, model, one_way, base.one_way_mean_us, samples=legs, host_stalls=stalled),
-                check_jitter(link, model, one_way, base.one_way_sd_us, samples=legs, host_stalls=stalled)]
+        stalled = max(stalled_fraction(state, udp, policy), base.stalled)
+        return [check_delay(link, model, one_way, base.one_way_mean_us, policy=policy, samples=legs,
+                            host_stalls=stalled),
+                check_jitter(link, model, one_way, base.one_way_sd_us, policy=policy, samples=legs,
+                             host_stalls=stalled)]
     trip = udp.round_trips.get(link) if udp else None
     rtt: Moments | None = trip.rtt if trip else None
     model = rtt_model(spec, back)
     if rtt is None and evidence.tcp_round_trips and link in evidence.tcp_round_trips:
         tcp = evidence.tcp_round_trips[link].rtt
-        return [check_delay(link, model, tcp, base.rtt_mean_us, metric="rtt")]
+        return [check_delay(link, model, tcp, base.rtt_mean_us, policy=policy, metric="rtt")]
     trips = trip.rtt_samples if trip else ()
-    return [check_delay(link, model, rtt, base.rtt_mean_us, samples=trips, metric="rtt"),
-            check_jitter(link, model, rtt, base.rtt_sd_us, samples=trips, metric="rtt_jitter")]
+    return [check_delay(link, model, rtt, base.rtt_mean_us, policy=policy, samples=trips, metric="rtt"),
+            check_jitter(link, model, rtt, base.rtt_sd_us, policy=policy, samples=trips, metric="rtt_jitter")]
 
 
 def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState, *, confidence: float,
@@ -170,10 +175,9 @@ def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState
     return check_loss(link, model, 0, 0, confidence=confidence, resolution=resolution)
 
 
-def stalled_fraction(state: LinkState, udp: UdpObservation) -> float:
+def stalled_fraction(state: LinkState, udp: UdpObservation, policy: StallPolicy) -> float:
     """The largest share of one link's delay samples that the delay and jitter checks leave out as
-    host stalls (0 without raw samples); above the stall policy's limit those checks are unknown."""
-    policy = stalls.policy()
+    host stalls by ``policy``'s window (0 without raw samples); above its limit those checks are unknown."""
     worst = 0.0
     for link, seen in udp.links.items():
         samples = seen.one_way_samples

@@ -10,6 +10,7 @@ from typing import Any
 
 from squall.calibration.judge import Baseline
 from squall.calibration.plan import ProbePlan
+from squall.calibration.stalls import HOST, StallPolicy
 from squall.calibration.verdicts import HOST_LIMITED, WORDS, Check, outcome
 from squall.checks.verdict import Validity
 
@@ -29,6 +30,7 @@ class CalibrationReport:
     errors: tuple[str, ...] = ()  # what invalidates the run as a whole (the shaper died): it fails
     notes: tuple[str, ...] = ()  # what went wrong on the way without invalidating everything
     duration_s: float = 0.0  # wall time of the whole calibration
+    policy: StallPolicy = HOST  # the host-stall policy the run probed again by and judged by
 
     @property
     def verdict(self) -> str:
@@ -61,7 +63,7 @@ class CalibrationReport:
                      "udp_rate_pps": plan.udp_rate_pps, "udp_wait_s": plan.udp_wait_s,
                      "loss_confidence": plan.loss_confidence,
                      "transfers": [t.to_config() for t in plan.transfers], "notes": list(plan.notes)},
-            "errors": list(self.errors), "notes": list(self.notes),
+            "errors": list(self.errors), "notes": list(self.notes), "stall_policy": self.policy.to_dict(),
             "rows": [_finite(r.to_dict()) for r in self.rows],
         }
 

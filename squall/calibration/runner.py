@@ -30,13 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from squall import shaping
-from squall.calibration import stalls
 from squall.calibration.expected import link_rate_bps, wire_bps
 from squall.calibration.judge import Baseline, Evidence, judge, stalled_fraction
 from squall.calibration.observations import Link, TransferObservation, UdpObservation, better
 from squall.calibration.plan import ProbePlan, TransferPlan, plan_probes, reschedule
 from squall.calibration.probing import run_tcp, run_tcp_rtt, run_udp
 from squall.calibration.report import CalibrationReport
+from squall.calibration.stalls import HOST, StallPolicy
 from squall.calibration.verdicts import RATE_REL
 from squall.cluster import Cluster, ClusterSpec
 from squall.cluster.backend import ClusterBackend
@@ -58,7 +58,8 @@ def calibration_spec(workers: int) -> ClusterSpec:
 
 def calibrate(profile: Profile | str, *, workers: int, backend: str | None = None,
               pairs: Sequence[Link] | None = None, quick: bool = False, at: float = 0.0,
-              cluster: ClusterBackend | None = None, shaper: Shaper | None = None) -> CalibrationReport:
+              cluster: ClusterBackend | None = None, shaper: Shaper | None = None,
+              policy: StallPolicy = HOST) -> CalibrationReport:
     """Measure every checked link of ``profile`` (links in force at ``at`` seconds) on ``workers`` nodes.
 
     :param backend: "netem", "nfqueue" or None (netem where the kernel has it, else nfqueue).
@@ -67,6 +68,8 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
     :param cluster: an existing, unshaped cluster of ``workers`` nodes to use instead of a new one.
     :param shaper: the shaper already open on ``cluster`` (a lab's, between its cells): it is cleared for
         the baseline, used for the probes and cleared again, not closed; None opens one and closes it.
+    :param policy: the host-stall policy this run probes again by and judges by (:mod:`.stalls`), one
+        for the whole run, in the report; :data:`~.stalls.HOST` for a host whose packet path is quiet.
     """
     if shaper is not None and cluster is None:
         raise ValueError("a shaper is passed only with the cluster it shapes")
@@ -84,7 +87,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
             cluster = stack.enter_context(Cluster(calibration_spec(workers)))
         elif len(cluster.nodes) != workers:
             raise ValueError(f"the cluster has {len(cluster.nodes)} nodes, not {workers}")
-        run = _Run(cluster, plan, state)
+        run = _Run(cluster, plan, state, policy)
         load_before = os.getloadavg()[0]
         if shaper is not None:
             shaper.clear()
@@ -96,17 +99,17 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
         evidence = run.shaped(shaper, baseline)
         used = shaper.backend
         run.notes.append(_load_note(load_before, os.getloadavg()[0]))
-    rows = judge(state, plan.links, evidence, loss_confidence=plan.loss_confidence,
+    rows = judge(state, plan.links, evidence, policy=policy, loss_confidence=plan.loss_confidence,
                  loss_resolution=plan.loss_resolution)
     return CalibrationReport(prof.name, workers, used, at, quick, tuple(rows), baseline, plan, tuple(run.errors),
-                             tuple(run.notes), time.monotonic() - started)
+                             tuple(run.notes), time.monotonic() - started, policy)
 
 
 class _Run:
     """The measuring steps of one calibration, with what went wrong on the way."""
 
-    def __init__(self, cluster: ClusterBackend, plan: ProbePlan, state: LinkState) -> None:
-        self.cluster, self.plan, self.state = cluster, plan, state
+    def __init__(self, cluster: ClusterBackend, plan: ProbePlan, state: LinkState, policy: StallPolicy) -> None:
+        self.cluster, self.plan, self.state, self.policy = cluster, plan, state, policy
         self.errors: list[str] = []
         self.notes: list[str] = []
 
@@ -118,7 +121,7 @@ class _Run:
             obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
                              rate_pps=self.plan.udp_rate_pps, wait_s=0.5)
             self.notes += [f"baseline: {p}" for p in obs.problems]
-            base = Baseline.from_udp(obs)
+            base = Baseline.from_udp(obs, self.policy)
             return base, base.stalled
 
         return self._least_stalled(probe, "baseline probe")
@@ -130,16 +133,16 @@ class _Run:
         def probe() -> tuple[UdpObservation, float]:
             udp, _ = run_udp(self.cluster, self.plan.links, count=self.plan.udp_count,
                              rate_pps=self.plan.udp_rate_pps, wait_s=self.plan.udp_wait_s)
-            return udp, stalled_fraction(self.state, udp)
+            return udp, stalled_fraction(self.state, udp, self.policy)
 
         return self._least_stalled(probe, "UDP probe")
 
     def _least_stalled(self, probe: Callable[[], tuple[T, float]], what: str) -> T:
         """``probe()`` (a result and the largest share of one link's packets the host stalled) up to the
-        stall policy's ``tries``, until the share is at most its ``retry_share``
+        run's stall policy's ``tries``, until the share is at most its ``retry_share``
         (:mod:`squall.calibration.stalls`); the least stalled result, with a note for each probe that
         was too stalled."""
-        policy = stalls.policy()
+        policy = self.policy
         best: T | None = None
         best_stalled = math.inf
         for attempt in range(1, policy.tries + 1):

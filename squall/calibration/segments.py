@@ -32,6 +32,7 @@ from squall.calibration.judge import Baseline
 from squall.calibration.observations import Sample, raw_samples
 from squall.calibration.plan import TransferPlan
 from squall.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
+from squall.calibration.stalls import HOST, StallPolicy
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import (
     Check,
@@ -132,9 +133,10 @@ def inside(segment: Segment, previous: Segment | None, samples: Sequence[Sample]
 
 
 def judge_segment(segment: Segment, previous: Segment | None, link: Link, samples: Sequence[Sample], *,
-                  sent_seqs: Sequence[tuple[int, float]], start_wall: float, baseline: Baseline
-                  ) -> tuple[list[Check], list[tuple[str, str]]]:
-    """The delay and loss checks of one segment (the probes of ``link`` and their echoes)."""
+                  sent_seqs: Sequence[tuple[int, float]], start_wall: float, baseline: Baseline,
+                  policy: StallPolicy) -> tuple[list[Check], list[tuple[str, str]]]:
+    """The delay and loss checks of one segment (the probes of ``link`` and their echoes), host stalls
+    judged by ``policy``."""
     checks: list[Check] = []
     short: list[tuple[str, str]] = []
     kept = inside(segment, previous, samples, start_wall, link)
@@ -146,7 +148,7 @@ def judge_segment(segment: Segment, previous: Segment | None, link: Link, sample
     elif spec is not None:
         forward = [s.forward_us for s in kept]
         checks.append(check_delay(link, delay_model(spec), Moments.of(forward), baseline.one_way_mean_us,
-                                  samples=forward))
+                                  policy=policy, samples=forward))
     lo = start_wall + segment.start_s + EDGE_S
     hi = start_wall + segment.end_s - EDGE_S - 2 * _delay_of(segment.state, link) / 1e6
     sent = [seq for seq, at in sent_seqs if lo <= at < hi]
@@ -164,15 +166,16 @@ def judge_segment(segment: Segment, previous: Segment | None, link: Link, sample
 
 def calibrate_segments(cluster: Any, shaper: Shaper, timeline: Sequence[TimedState], end_s: float, *,
                        link: Link = (0, 1), rate_pps: float = PROBE_RATE_PPS,
-                       baseline: Baseline | None = None) -> SegmentReport:
-    """Replay ``timeline`` twice on ``cluster`` (probes, then transfers) and judge every segment."""
+                       baseline: Baseline | None = None, policy: StallPolicy = HOST) -> SegmentReport:
+    """Replay ``timeline`` twice on ``cluster`` (probes, then transfers) and judge every segment by the
+    host-stall ``policy`` (one for the whole run; :data:`~.stalls.HOST` for a quiet host)."""
     if not isinstance(shaper, SchedulingShaper):
         raise TypeError(f"the {getattr(shaper, 'backend', '?')} shaper cannot schedule changes")
     links = (link, (link[1], link[0]))
     if baseline is None:
         shaper.apply(LinkState({}))
         obs, _ = run_udp(cluster, links, count=300, rate_pps=rate_pps, wait_s=0.5)
-        baseline = Baseline.from_udp(obs)
+        baseline = Baseline.from_udp(obs, policy)
     segments = segments_of(timeline, end_s)
     notes: list[str] = []
     changes = shaper.schedule(timeline)
@@ -192,7 +195,7 @@ def calibrate_segments(cluster: Any, shaper: Shaper, timeline: Sequence[TimedSta
     for position, segment in enumerate(segments):
         previous = segments[position - 1] if position else None
         rows, too_short = judge_segment(segment, previous, link, samples, sent_seqs=sent_seqs,
-                                          start_wall=run.start_wall, baseline=baseline)
+                                          start_wall=run.start_wall, baseline=baseline, policy=policy)
         checks += [(segment.index, row) for row in rows]
         short += [(segment.index, q, why) for q, why in too_short]
     long_enough = [s for s in segments if s.length_s >= MIN_RATE_SEGMENT_S
@@ -200,21 +203,22 @@ def calibrate_segments(cluster: Any, shaper: Shaper, timeline: Sequence[TimedSta
     short += [(s.index, "rate", f"{s.length_s:g} s long, {MIN_RATE_SEGMENT_S:g} s needed")
               for s in segments if s not in long_enough]
     if long_enough:
-        checks += _rates(cluster, shaper, long_enough, link)
+        checks += _rates(cluster, shaper, long_enough, link, policy)
     return SegmentReport(tuple(segments), tuple(checks), tuple(short), tuple(notes))
 
 
 def calibrate_profile_over(profile: str, cluster: Any, shaper: Shaper, workers: int,
-                           seconds: float) -> SegmentReport | None:
-    """:func:`calibrate_segments` of profile ``profile`` (name or path) over its first ``seconds``;
-    None when its links hold still (nothing to judge over time)."""
+                           seconds: float, *, policy: StallPolicy = HOST) -> SegmentReport | None:
+    """:func:`calibrate_segments` of profile ``profile`` (name or path) over its first ``seconds``, judged
+    by ``policy``; None when its links hold still (nothing to judge over time)."""
     timeline = link_timeline(load_profile(profile), workers, seconds)
     if len(timeline) < 2:
         return None
-    return calibrate_segments(cluster, shaper, timeline, seconds)
+    return calibrate_segments(cluster, shaper, timeline, seconds, policy=policy)
 
 
-def _rates(cluster: Any, shaper: Any, segments: Sequence[Segment], link: Link) -> list[tuple[int, Check]]:
+def _rates(cluster: Any, shaper: Any, segments: Sequence[Segment], link: Link,
+           policy: StallPolicy) -> list[tuple[int, Check]]:
     """One TCP transfer per long segment, with the segment's state held for as long as the segment lasts."""
     rows = []
     for segment in segments:
@@ -224,7 +228,7 @@ def _rates(cluster: Any, shaper: Any, segments: Sequence[Segment], link: Link) -
         plan = TransferPlan(link, 0.0, segment.length_s - RATE_WARMUP_S, RATE_WARMUP_S)
         seen = run_tcp(cluster, [plan]).get(link)
         rows.append((segment.index, check_rate(link, spec.rate_bps, seen.goodput_bps if seen else None,
-                                               seen.mss if seen else None,
+                                               seen.mss if seen else None, policy=policy,
                                                error=seen.error if seen else "no transfer")))
     return rows
 

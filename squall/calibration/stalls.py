@@ -36,16 +36,17 @@ A link and a stalled host cannot be told apart packet by packet, so the policy i
   the idle canary's own lateness. A wrong delay still moves the median of every sample, stalled or
   not, by its whole error, so the scaled checks still see it.
 
-The policy in force is :func:`policy` (:data:`HOST` unless a run measured a noisier path and
-called :func:`use`); every judge reads it when it judges.
+The policy is a value, never state: whoever starts a calibration builds one (:data:`HOST` on a
+quiet host; :meth:`StallPolicy.on_path` or :meth:`StallPolicy.with_canary` of it where a noisier
+path was measured) and passes it to every judge it calls (:mod:`.verdicts`, :mod:`.judge`,
+:mod:`.segments`, the runner's retries), so a row is judged by the policy its caller named.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from squall.calibration.stats import Moments
@@ -128,29 +129,6 @@ class StallPolicy:
 
 #: The policy of a host whose own packet path is quiet.
 HOST = StallPolicy()
-_in_force = HOST
-
-
-def policy() -> StallPolicy:
-    """The policy in force: :data:`HOST` unless :func:`use` set another."""
-    return _in_force
-
-
-def use(new: StallPolicy) -> StallPolicy:
-    """Put ``new`` in force for every judge of this process; returns the one it replaces."""
-    global _in_force
-    old, _in_force = _in_force, new
-    return old
-
-
-@contextlib.contextmanager
-def using(new: StallPolicy) -> Iterator[StallPolicy]:
-    """Put ``new`` in force for the block, and the policy it replaced back after it, however it ends."""
-    old = use(new)
-    try:
-        yield new
-    finally:
-        use(old)
 
 
 def without_stalls(samples: Sequence[float], half_width: float) -> tuple[Moments, int]:

@@ -39,7 +39,8 @@ Tolerances and the chance that a correct link fails (its *false-failure probabil
   probability is attached; the tolerance is specified for 10 Mbit/s to 1 Gbit/s.
 
 The delay and jitter floors, the stall window and the share of stalls that leaves a row unknown are
-the stall policy's (:func:`squall.calibration.stalls.policy`), read when a row is judged.
+the stall policy's (:class:`squall.calibration.stalls.StallPolicy`), which every caller passes in:
+nothing here reads a policy from anywhere else.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 
 from squall.calibration import stalls
 from squall.calibration.expected import DelayModel, LossModel, wire_bps
+from squall.calibration.stalls import StallPolicy
 from squall.calibration.stats import (
     Moments,
     acceptance_range,
@@ -119,7 +121,8 @@ def _unknown(link: tuple[int, int], metric: str, unit: str, configured: float, w
 
 
 def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | None, baseline_us: float,
-                *, samples: Sequence[float] = (), metric: str = "delay", host_stalls: float = 0.0) -> Check:
+                *, policy: StallPolicy, samples: Sequence[float] = (), metric: str = "delay",
+                host_stalls: float = 0.0) -> Check:
     """Mean delay (one way, or round trip with ``metric="rtt"``) against the configured mean.
 
     With raw ``samples`` (and a law that is not heavy-tailed) the mean is taken over the samples
@@ -130,9 +133,9 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
     passed. ``host_stalls`` is the largest such share among the probe's links (stalls hit every link
     of a probe alike, and are plain to see only on links without wide jitter): above the same
     limit the row is unknown too. A delay short of the accepted range even in the mean of all
-    samples is failed however busy the host: a stall cannot make a packet early.
+    samples is failed however busy the host: a stall cannot make a packet early. ``policy`` sets the
+    floor, the window and the limit.
     """
-    policy = stalls.policy()
     want = _ms(model.mean_us)
     if measured is None or measured.count < MIN_DELAY_SAMPLES:
         n = measured.count if measured else 0
@@ -170,23 +173,24 @@ def check_delay(link: tuple[int, int], model: DelayModel, measured: Moments | No
 
 
 def check_jitter(link: tuple[int, int], model: DelayModel, measured: Moments | None, baseline_sd_us: float,
-                 *, samples: Sequence[float] = (), metric: str = "jitter", host_stalls: float = 0.0) -> Check:
+                 *, policy: StallPolicy, samples: Sequence[float] = (), metric: str = "jitter",
+                 host_stalls: float = 0.0) -> Check:
     """The delay's s.d. against the configured s.d. combined with the baseline's.
 
     With raw ``samples`` (and a law that is not heavy-tailed) the s.d. is estimated robustly:
     from the interquartile range when the law's shape is known, else from the samples inside the
     stall window; samples beyond it are counted as host stalls, and more of them than the stall
     policy's limit for this link (or of any link of the probe: ``host_stalls``) make the check
-    unknown. Without samples the plain sample s.d. is used.
+    unknown. Without samples the plain sample s.d. is used. ``policy`` sets the floor, the window and
+    the limit.
     """
-    policy = stalls.policy()
     want_us = math.hypot(model.sd_us, baseline_sd_us)
     need = MIN_JITTER_SAMPLES if model.sd_us > policy.jitter_floor_us else 30
     n = len(samples) if samples else (measured.count if measured else 0)
     if n < need or (measured is None and not samples):
         return _unknown(link, metric, "ms", _ms(model.sd_us), f"{n} delay samples, at least {need} needed",
                         samples=n)
-    sd_us, method, stalled, rel_error = _spread(model, measured, samples)
+    sd_us, method, stalled, rel_error = _spread(model, measured, samples, policy)
     tol_us = max(JITTER_REL * want_us, policy.jitter_floor_us)
     low, high = _ms(max(0.0, want_us - tol_us)), _ms(want_us + tol_us)
     why = (f"s.d. {_ms(sd_us):.3f} ms ({method}) vs {_ms(want_us):.3f} ms (configured {_ms(model.sd_us):.3f}, "
@@ -205,14 +209,13 @@ def check_jitter(link: tuple[int, int], model: DelayModel, measured: Moments | N
                  None if model.heavy_tailed else p_false)
 
 
-def _spread(model: DelayModel, measured: Moments | None,
-            samples: Sequence[float]) -> tuple[float, str, int, float]:
+def _spread(model: DelayModel, measured: Moments | None, samples: Sequence[float],
+            policy: StallPolicy) -> tuple[float, str, int, float]:
     """(s.d. estimate, how it was made, stalls counted, relative standard error times sqrt(n))."""
     if not samples or model.heavy_tailed:
         assert measured is not None or samples
         plain = measured if measured is not None else Moments.of(samples)
         return plain.sd, "sample s.d.", 0, SD_REL_ERROR
-    policy = stalls.policy()
     kept, stalled = policy.split(samples, model.sd_us)
     if model.iqr_per_sd is None:
         return kept.sd, "sample s.d. without stalls", stalled, SD_REL_ERROR
@@ -268,13 +271,14 @@ def check_loss(link: tuple[int, int], model: LossModel, packets: int, lost: int,
 
 
 def check_rate(link: tuple[int, int], configured_bps: float, goodput_bps: float | None, mss: int | None,
-               *, ceiling_bps: float | None = None, error: str | None = None, host_stalls: float = 0.0) -> Check:
+               *, policy: StallPolicy, ceiling_bps: float | None = None, error: str | None = None,
+               host_stalls: float = 0.0) -> Check:
     """Wire rate of a bulk transfer against the configured rate.
 
     ``ceiling_bps`` is the wire rate the same path carried with no rate limit (measured only when
     the limited transfer came out short): below the accepted range it makes the row
     ``host-limited`` instead of ``failed``. A transfer that came out short while the host stalled
-    more of the delay probe's packets (``host_stalls``) than the stall policy's judge share is
+    more of the delay probe's packets (``host_stalls``) than ``policy``'s judge share is
     unknown: the endpoints and a userspace shaper were starved of CPU, which says nothing of the limit.
     """
     want = configured_bps / 1e6
@@ -293,7 +297,7 @@ def check_rate(link: tuple[int, int], configured_bps: float, goodput_bps: float 
                 "so the limit cannot be verified here")
     elif wire < lo and ceiling_bps is not None:
         why += f"; the unlimited path carried {ceiling_bps / 1e6:.1f} Mbit/s, so the shaper is too slow"
-    judge_share = stalls.policy().judge_share
+    judge_share = policy.judge_share
     if wire < lo and host_stalls > judge_share:
         validity, host_limited = Validity.UNKNOWN, False
         why += stalls.too_busy(host_stalls, "rate", judge_share)

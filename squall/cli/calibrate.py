@@ -78,6 +78,7 @@ def cmd_over_time(args: argparse.Namespace) -> int:
 
     from squall.calibration.runner import calibration_spec
     from squall.calibration.segments import calibrate_segments, passed, summary_table
+    from squall.calibration.stalls import HOST
     from squall.cluster.backend import open_cluster
     from squall.shaping import link_timeline
 
@@ -91,7 +92,7 @@ def cmd_over_time(args: argparse.Namespace) -> int:
             shaper = cluster.open_shaper(args.backend)
             try:
                 report = calibrate_segments(cluster, shaper, link_timeline(profile, workers, args.over_time),
-                                            args.over_time)
+                                            args.over_time, policy=HOST)  # this run's stall policy
             finally:
                 shaper.close()
     except ProfileError as exc:
@@ -120,6 +121,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         return cmd_over_time(args)
     from squall.calibration.runner import calibrate, calibration_spec
+    from squall.calibration.stalls import HOST
     from squall.cluster.backend import open_cluster
     from squall.progress import Display
 
@@ -140,7 +142,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                     "a full calibration of a shipped profile takes 30-60 s at 4 workers"
                 with display.ticking("calibrating", expected=expected):
                     report = calibrate(profile, workers=workers, backend=args.backend, pairs=args.pairs,
-                                       quick=args.quick, at=args.at, cluster=cluster)
+                                       quick=args.quick, at=args.at, cluster=cluster, policy=HOST)
                 display.stage("teardown")
         finally:
             display.close()

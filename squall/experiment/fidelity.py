@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from squall.calibration.stalls import HOST, StallPolicy
 from squall.checks.fidelity import calibration_rows, failed_row
 from squall.checks.verdict import Validity
 
@@ -39,9 +40,11 @@ def links_for(workers: int) -> tuple[tuple[int, int], ...]:
 class SessionCalibration:
     """Each profile calibrated at most once per session; the rows of all of them, in order."""
 
-    def __init__(self, *, enabled: bool = True, progress: Progress = logger.info) -> None:
+    def __init__(self, *, enabled: bool = True, progress: Progress = logger.info,
+                 policy: StallPolicy = HOST) -> None:
         self.enabled = enabled
         self.progress = progress
+        self.policy = policy  # the host-stall policy every calibration of the session judges by
         self.rows: list[dict[str, Any]] = []
         self.verdicts: dict[str, str] = {}  # profile -> its calibration's word: passed, failed, unknown, host-limited
         self.failures: dict[str, list[str]] = {}  # profile -> why each of its failed checks failed
@@ -56,7 +59,7 @@ class SessionCalibration:
         self.progress(f"calibrating {profile} (quick, links {', '.join(f'{a}->{b}' for a, b in links_for(workers))})")
         try:
             report = calibrate(profile, workers=workers, quick=True, cluster=cluster, shaper=shaper,
-                               pairs=list(links_for(workers)))
+                               pairs=list(links_for(workers)), policy=self.policy)
         except Exception as exc:  # the page says the calibration could not run; the session goes on
             logger.warning("calibration of %s could not run: %s", profile, exc)
             row = failed_row(profile, f"the calibration could not run: {exc}")

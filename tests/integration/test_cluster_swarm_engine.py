@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from squall.calibration.runner import calibrate
+from squall.calibration.stalls import StallPolicy
 from squall.cluster import ClusterSpec
 from squall.cluster.backend import open_cluster
 from squall.cluster.gc import collect
@@ -98,16 +99,16 @@ def test_shaping_through_the_node_agent_is_all_or_nothing(swarm4: SwarmCluster) 
 @pytest.mark.parametrize(("profile", "quick", "pairs"), [("wan-5ms", True, [(0, 1), (2, 3), (3, 0)]),
                                                          ("lossy-1pct", False, [(0, 1), (3, 2)])])
 def test_calibration_through_the_node_agent(swarm4: SwarmCluster, profile: str, quick: bool,
-                                            pairs: list[tuple[int, int]]) -> None:
+                                            pairs: list[tuple[int, int]], stall_policy: StallPolicy) -> None:
     def measure() -> None:
-        report = calibrate(profile, workers=4, cluster=swarm4, quick=quick, pairs=pairs)
+        report = calibrate(profile, workers=4, cluster=swarm4, quick=quick, pairs=pairs, policy=stall_policy)
         logger.info("%s", report.format())
         report_passed(report)
         assert {r.metric for r in report.rows} >= {"delay", "loss"}
 
     # Once, a busy host stalled a fifth of the probes and moved the delay's median 0.04 ms past its
     # bound (5.54 ms for 5 +- 0.5): measured again while a real-time canary watches, as tests.timing does.
-    retrying(measure, f"calibration of {profile} through the node agent")
+    retrying(measure, f"calibration of {profile} through the node agent", policy=stall_policy)
 
 
 def test_churn_kill_restart_pause_disconnect(docker_client: Any, worker_image: str) -> None:

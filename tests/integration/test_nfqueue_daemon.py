@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from squall.calibration import stalls
+from squall.calibration.stalls import StallPolicy
 from squall.calibration.stats import interquartile_range
 from squall.shaping.nfqueue import rules
 from squall.shaping.nfqueue.config import DaemonConfig, LinkParams, NamespaceSpec, QueueSpec
@@ -118,20 +118,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             daemon.close()
 
 
-def _assert_delay(measured: list[float], expected_us: float, what: str, *, sd_us: float = 0.0) -> None:
-    assert_delay_without_stalls(measured, expected_us, what, sd_us=sd_us,
+def _assert_delay(measured: list[float], expected_us: float, what: str, *, policy: StallPolicy,
+                  sd_us: float = 0.0) -> None:
+    assert_delay_without_stalls(measured, expected_us, what, policy=policy, sd_us=sd_us,
                                 tol_us=max(DELAY_ABS_TOLERANCE_US, DELAY_REL_TOLERANCE * expected_us))
 
 
-def test_constant_delay_20ms(world: World) -> None:
+def test_constant_delay_20ms(world: World, stall_policy: StallPolicy) -> None:
     world.set("b", LinkParams(delay_us=20_000))
-    retrying(lambda: _check_constant_delay(world), "20 ms link a->b")
+    retrying(lambda: _check_constant_delay(world, stall_policy), "20 ms link a->b", policy=stall_policy)
 
 
-def _check_constant_delay(world: World) -> None:
+def _check_constant_delay(world: World, policy: StallPolicy) -> None:
     result = world.probe(world.b_addr, count=400, interval_us=1_000, wait_s=0.2)
     assert result.lost == 0
-    _assert_delay(list(result.one_way_us), 20_000, "20 ms link a->b")
+    _assert_delay(list(result.one_way_us), 20_000, "20 ms link a->b", policy=policy)
     # A constant delay: a tight core (s.d. from the quartiles, which a few stalled samples cannot
     # move) and no packet early. A host stall only adds delay (to the probe's send, the daemon's
     # release or the echo's stamp), so the early side is the daemon's alone and is judged exactly;
@@ -148,13 +149,13 @@ def _check_constant_delay(world: World) -> None:
     assert statistics.fmean(result.rtt_us) - statistics.fmean(result.one_way_us) < 2_000
 
 
-def test_namespaces_are_shaped_independently(world: World) -> None:
+def test_namespaces_are_shaped_independently(world: World, stall_policy: StallPolicy) -> None:
     world.set("b", LinkParams(delay_us=20_000))
     world.set("c", LinkParams(delay_us=5_000))
-    retrying(lambda: _check_independent(world), "a->b and a->c at once")
+    retrying(lambda: _check_independent(world, stall_policy), "a->b and a->c at once", policy=stall_policy)
 
 
-def _check_independent(world: World) -> None:
+def _check_independent(world: World, policy: StallPolicy) -> None:
     results: dict[str, ProbeResult] = {}
 
     def run(key: str, addr: str) -> None:
@@ -167,22 +168,22 @@ def _check_independent(world: World) -> None:
         t.start()
     for t in threads:
         t.join()
-    _assert_delay(list(results["b"].one_way_us), 20_000, "a->b while a->c runs")
-    _assert_delay(list(results["c"].one_way_us), 5_000, "a->c while a->b runs")
+    _assert_delay(list(results["b"].one_way_us), 20_000, "a->b while a->c runs", policy=policy)
+    _assert_delay(list(results["c"].one_way_us), 5_000, "a->c while a->b runs", policy=policy)
 
 
-def test_uniform_jitter(world: World) -> None:
+def test_uniform_jitter(world: World, stall_policy: StallPolicy) -> None:
     world.set("b", LinkParams(delay_us=20_000, jitter_us=5_000), seed=3)
-    retrying(lambda: _check_uniform_jitter(world), "20 ms +- 5 ms uniform")
+    retrying(lambda: _check_uniform_jitter(world, stall_policy), "20 ms +- 5 ms uniform", policy=stall_policy)
 
 
-def _check_uniform_jitter(world: World) -> None:
+def _check_uniform_jitter(world: World, policy: StallPolicy) -> None:
     result = world.probe(world.b_addr, count=1_500, interval_us=500, wait_s=0.2)
     assert result.lost == 0
     delays = list(result.one_way_us)
     expected_sd = 5_000 / math.sqrt(3)
-    _assert_delay(delays, 20_000, "20 ms +- 5 ms uniform", sd_us=expected_sd)
-    sd = stalls.policy().split(delays, expected_sd)[0].sd  # the mean check's window
+    _assert_delay(delays, 20_000, "20 ms +- 5 ms uniform", policy=policy, sd_us=expected_sd)
+    sd = policy.split(delays, expected_sd)[0].sd  # the mean check's window
     assert abs(sd - expected_sd) <= JITTER_SD_TOLERANCE * expected_sd, (
         f"jitter s.d. {sd:.0f}, expected {expected_sd:.0f}"
     )
@@ -204,11 +205,11 @@ def test_random_loss_inside_binomial_interval(world: World) -> None:
     assert after - before == result.lost  # every loss is a daemon DROP, nothing else is lost
 
 
-def test_link_change_takes_effect_within_100ms(world: World) -> None:
-    retrying(lambda: _check_link_change(world), "30 ms -> 5 ms while probing")
+def test_link_change_takes_effect_within_100ms(world: World, stall_policy: StallPolicy) -> None:
+    retrying(lambda: _check_link_change(world, stall_policy), "30 ms -> 5 ms while probing", policy=stall_policy)
 
 
-def _check_link_change(world: World) -> None:
+def _check_link_change(world: World, policy: StallPolicy) -> None:
     world.set("b", LinkParams(delay_us=30_000))
     sock = world.bed.udp_socket("a")
     box: dict[str, ProbeResult] = {}
@@ -233,12 +234,12 @@ def _check_link_change(world: World) -> None:
         f"new delay seen {took_ms:.1f} ms after set_links (ack after {(acked_ns - asked_ns) / 1e6:.1f} ms)"
     )
     late = [d for s, d in after if s > asked_ns + 100_000_000]
-    _assert_delay(late, 5_000, "after the change")
+    _assert_delay(late, 5_000, "after the change", policy=policy)
 
 
-def test_stats_report_counters_and_lateness(world: World) -> None:
+def test_stats_report_counters_and_lateness(world: World, stall_policy: StallPolicy) -> None:
     world.set("b", LinkParams(delay_us=10_000))
-    retrying(lambda: _check_stats(world), "daemon counters and lateness")
+    retrying(lambda: _check_stats(world), "daemon counters and lateness", policy=stall_policy)
 
 
 def _check_stats(world: World) -> None:
@@ -325,12 +326,14 @@ def _probe(bed: Testbed, addr: str, **kwargs: int | float) -> ProbeResult:
         sock.close()
 
 
-def test_sigkill_is_detected_and_traffic_bypasses(pair: tuple[Testbed, DaemonConfig, str]) -> None:
+def test_sigkill_is_detected_and_traffic_bypasses(pair: tuple[Testbed, DaemonConfig, str],
+                                                  stall_policy: StallPolicy) -> None:
     bed, config, addr = pair
     daemon = DaemonProcess.start(config)
     try:
         retrying(lambda: _assert_delay(list(_probe(bed, addr, count=50, interval_us=2_000).one_way_us), 20_000,
-                                       "before kill"), "20 ms before the kill")
+                                       "before kill", policy=stall_policy), "20 ms before the kill",
+                 policy=stall_policy)
         assert daemon.is_alive()
         os.kill(daemon.popen.pid, signal.SIGKILL)
         deadline = time.monotonic() + 2
@@ -370,14 +373,15 @@ def test_sigterm_releases_held_packets_and_exits_0(pair: tuple[Testbed, DaemonCo
         daemon.close()
 
 
-def test_runtime_namespace_add_and_remove(pair: tuple[Testbed, DaemonConfig, str]) -> None:
+def test_runtime_namespace_add_and_remove(pair: tuple[Testbed, DaemonConfig, str], stall_policy: StallPolicy) -> None:
     bed, config, addr = pair
     empty = DaemonConfig(control_socket=config.control_socket)
     with DaemonProcess.start(empty) as daemon, daemon.client() as client:
         assert _probe(bed, addr, count=20, interval_us=1_000).lost == 0  # unbound: bypass
         client.add_namespace(config.namespaces[0])
         retrying(lambda: _assert_delay(list(_probe(bed, addr, count=50, interval_us=1_000).one_way_us), 20_000,
-                                       "added"), "a namespace added at run time")
+                                       "added", policy=stall_policy), "a namespace added at run time",
+                 policy=stall_policy)
         client.remove_namespace("y")
         # unshaped again: judged on the median, since a host stall only adds delay
         assert statistics.median(_probe(bed, addr, count=20, interval_us=1_000).one_way_us) < 2_000

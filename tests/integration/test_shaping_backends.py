@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from squall.calibration import stalls
+from squall.calibration.stalls import StallPolicy
 from squall.cluster import Cluster
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec, load_profile
 from squall.shaping import Endpoint, LinkState, Shaper, ShapingError, netem_probe, open_shaper, state_at
@@ -119,9 +119,9 @@ def links(spec: LinkSpec, pairs: list[tuple[int, int]] | None = None) -> dict[tu
     return dict.fromkeys(pairs, spec)
 
 
-def assert_delay(result: ProbeResult, expected_us: float, what: str) -> None:
+def assert_delay(result: ProbeResult, expected_us: float, what: str, *, policy: StallPolicy) -> None:
     assert result.received, f"{what}: no reply at all"
-    assert_delay_without_stalls(result.one_way_us, expected_us, what,
+    assert_delay_without_stalls(result.one_way_us, expected_us, what, policy=policy,
                                 tol_us=max(DELAY_ABS_TOLERANCE_US, DELAY_REL_TOLERANCE * expected_us))
 
 
@@ -140,24 +140,24 @@ def assert_which(result: ProbeResult, expected_us: float, what: str, others: tup
                                     f"expected {expected_us:.0f} us (n={len(result.one_way_us)})")
 
 
-def test_delay_of_a_link(lan: Lan, shaper: Shaper) -> None:
+def test_delay_of_a_link(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     shaper.apply(LinkState(links(LinkSpec(delay_us=20_000), [(0, 1)])))
 
     def measure() -> None:
         result = lan.probe(0, 1, count=200, interval_us=2_000, wait_s=0.2)
         assert result.lost == 0
-        assert_delay(result, 20_000, "0 -> 1 at 20 ms")
-        kept, _ = stalls.policy().split(result.one_way_us, 0.0)  # assert_delay saw few stalls
+        assert_delay(result, 20_000, "0 -> 1 at 20 ms", policy=stall_policy)
+        kept, _ = stall_policy.split(result.one_way_us, 0.0)  # assert_delay saw few stalls
         logger.info("%s: 20 ms link: mean %.0f us, sd %.0f us without host stalls", shaper.backend, kept.mean, kept.sd)
         assert kept.sd < 500
         # the way back (1 -> 0) is not shaped: the round trip adds little (medians: stalls only add)
         assert statistics.median(result.rtt_us) - statistics.median(result.one_way_us) < 2_000
 
-    retrying(measure, "20 ms link 0 -> 1")
+    retrying(measure, "20 ms link 0 -> 1", policy=stall_policy)
     shaper.check()
 
 
-def test_a_pair_setting_changes_only_that_pair(lan: Lan, shaper: Shaper) -> None:
+def test_a_pair_setting_changes_only_that_pair(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     base = links(LinkSpec(delay_us=5_000))
     shaper.apply(LinkState(base))
     shaper.apply(LinkState({**base, (0, 2): LinkSpec(delay_us=30_000)}))
@@ -167,16 +167,17 @@ def test_a_pair_setting_changes_only_that_pair(lan: Lan, shaper: Shaper) -> None
         other = 5_000 if delay_us == 30_000 else 30_000
         retrying(lambda: assert_which(lan.probe(src, dst, count=100, interval_us=2_000), delay_us, what,  # noqa: B023
                                       (0.0, other)),  # noqa: B023
-                 what)
+                 what, policy=stall_policy)
 
 
-def test_blocked_pair_drops_everything_and_unblocking_restores(lan: Lan, shaper: Shaper) -> None:
+def test_blocked_pair_drops_everything_and_unblocking_restores(lan: Lan, shaper: Shaper,
+                                                               stall_policy: StallPolicy) -> None:
     base = links(LinkSpec(delay_us=2_000))
     shaper.apply(LinkState(base, blocked=frozenset({(0, 1)})))
     cut = lan.probe(0, 1, count=100, interval_us=1_000, wait_s=0.2)
     assert cut.received == 0, f"{cut.received} of 100 packets crossed a cut link"
     retrying(lambda: assert_which(lan.probe(0, 2, count=50, interval_us=1_000), 2_000, "0 -> 2 beside the cut"),
-             "0 -> 2 beside the cut")
+             "0 -> 2 beside the cut", policy=stall_policy)
     shaper.apply(LinkState(base))
 
     def healed() -> None:
@@ -184,7 +185,7 @@ def test_blocked_pair_drops_everything_and_unblocking_restores(lan: Lan, shaper:
         assert result.lost == 0
         assert_which(result, 2_000, "0 -> 1 after healing")
 
-    retrying(healed, "0 -> 1 after healing")
+    retrying(healed, "0 -> 1 after healing", policy=stall_policy)
 
 
 def test_duplication(lan: Lan, shaper: Shaper) -> None:
@@ -196,7 +197,7 @@ def test_duplication(lan: Lan, shaper: Shaper) -> None:
     assert 150 <= dups <= 250, f"{dups} duplicates of {n} at p={p}"
 
 
-def test_rate_limit_tcp_goodput(lan: Lan, shaper: Shaper) -> None:
+def test_rate_limit_tcp_goodput(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     rate = 20_000_000
     shaper.apply(LinkState(links(LinkSpec(delay_us=5_000, rate_bps=rate), [(0, 1)]) | links(
         LinkSpec(delay_us=5_000), [(1, 0)])))
@@ -206,7 +207,7 @@ def test_rate_limit_tcp_goodput(lan: Lan, shaper: Shaper) -> None:
         logger.info("%s: TCP goodput %.2f Mbit/s at 20 Mbit/s", shaper.backend, mbit)
         assert abs(mbit * 1e6 - rate) <= RATE_TOLERANCE * rate, f"TCP goodput {mbit:.2f} Mbit/s at 20 Mbit/s"
 
-    retrying(measure, "TCP goodput at 20 Mbit/s")
+    retrying(measure, "TCP goodput at 20 Mbit/s", policy=stall_policy)
 
 
 def tcp_goodput(lan: Lan, src: int, dst: int, seconds: float) -> float:
@@ -299,8 +300,8 @@ def test_counters_count_what_each_directed_link_carried(lan: Lan, shaper: Shaper
     assert seen.sent(0) == got[(0, 1)].bytes + got[(0, 2)].bytes
 
 
-def test_change_takes_effect_within_100ms(lan: Lan, shaper: Shaper) -> None:
-    retrying(lambda: _check_change(lan, shaper), "5 ms -> 40 ms while probing")
+def test_change_takes_effect_within_100ms(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
+    retrying(lambda: _check_change(lan, shaper), "5 ms -> 40 ms while probing", policy=stall_policy)
 
 
 def _check_change(lan: Lan, shaper: Shaper) -> None:
@@ -333,7 +334,7 @@ def _check_change(lan: Lan, shaper: Shaper) -> None:
     )
 
 
-def test_clear_restores_namespaces_exactly(lan: Lan, shaper: Shaper) -> None:
+def test_clear_restores_namespaces_exactly(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     before = lan.snapshot()
     shaper.apply(LinkState(
         links(LinkSpec(delay_us=3_000, rate_bps=50_000_000, duplicate=Chance(0.01))),
@@ -350,7 +351,7 @@ def test_clear_restores_namespaces_exactly(lan: Lan, shaper: Shaper) -> None:
     assert unshaped.lost == 0 and statistics.median(unshaped.one_way_us) < 1_000  # a stall only adds
     shaper.apply(LinkState(links(LinkSpec(delay_us=3_000))))  # usable again after clear
     retrying(lambda: assert_which(lan.probe(1, 0, count=50, interval_us=2_000), 3_000, "1 -> 0 after clear and apply"),
-             "1 -> 0 after clear and apply")
+             "1 -> 0 after clear and apply", policy=stall_policy)
 
 
 def tc_structure(lan: Lan, i: int) -> list[object]:
@@ -395,7 +396,7 @@ def test_incremental_changes_match_a_fresh_apply(lan: Lan, shaper: Shaper) -> No
     shaper.check()
 
 
-def test_apply_is_all_or_nothing(lan: Lan, nfq_shaper: NfqueueShaper) -> None:
+def test_apply_is_all_or_nothing(lan: Lan, nfq_shaper: NfqueueShaper, stall_policy: StallPolicy) -> None:
     shaper = nfq_shaper
     base = LinkState(links(LinkSpec(delay_us=2_000, rate_bps=50_000_000), [(0, 1)]))
     shaper.apply(base)
@@ -408,18 +409,18 @@ def test_apply_is_all_or_nothing(lan: Lan, nfq_shaper: NfqueueShaper) -> None:
         assert lan.snapshot() == before, "a failed apply left some nodes changed"
         retrying(lambda: assert_which(lan.probe(0, 1, count=50, interval_us=2_000), 2_000, "0 -> 1 after the rollback",
                                       (0.0, 7_000)),
-                 "0 -> 1 after the rollback")
+                 "0 -> 1 after the rollback", policy=stall_policy)
         assert "9: root" in lan.run(2, ["tc", "qdisc", "show", "dev", "eth0"]), "the rollback removed a foreign qdisc"
     finally:
         lan.run(2, ["tc", "qdisc", "del", "dev", "eth0", "root"])
     shaper.check()
     shaper.apply(LinkState(links(LinkSpec(delay_us=7_000, rate_bps=30_000_000))))  # and it works once it can
     retrying(lambda: assert_which(lan.probe(2, 0, count=50, interval_us=2_000), 7_000, "2 -> 0 after the retry"),
-             "2 -> 0 after the retry")
+             "2 -> 0 after the retry", policy=stall_policy)
 
 
 @pytest.mark.parametrize("backend", ["nfqueue", "netem"])
-def test_replace_endpoint_after_a_restart(backend: str) -> None:
+def test_replace_endpoint_after_a_restart(backend: str, stall_policy: StallPolicy) -> None:
     if backend == "netem" and not netem_probe().available:
         pytest.skip(f"netem backend unavailable on this kernel: {netem_probe().reason}")
     with Lan(HOSTS) as lan:
@@ -439,9 +440,11 @@ def test_replace_endpoint_after_a_restart(backend: str) -> None:
                 assert_which(lan.probe(0, 2, PORT, count=50, interval_us=2_000), 4_000, "0 -> 2 before the restart")
             shaper.replace_endpoint(fresh)
             retrying(lambda: assert_which(lan.probe(0, 2, count=50, interval_us=2_000), 4_000,
-                                          "0 -> 2 in the new namespace"), "0 -> 2 in the new namespace")
+                                          "0 -> 2 in the new namespace"), "0 -> 2 in the new namespace",
+                     policy=stall_policy)
             retrying(lambda: assert_which(lan.probe(2, 1, count=50, interval_us=2_000), 4_000,
-                                          "2 -> 1 from the new namespace"), "2 -> 1 from the new namespace")
+                                          "2 -> 1 from the new namespace"), "2 -> 1 from the new namespace",
+                     policy=stall_policy)
             assert "1:100" in lan.run(2, ["tc", "class", "show", "dev", "eth0"])  # its rate to node 0
             assert "SQUALL" not in lan.run_in(old_ns, ["iptables-save"]), "the old namespace was not cleaned"
             shaper.check()

@@ -32,13 +32,13 @@ from typing import Any
 
 import pytest
 
-from squall.calibration import stalls
 from squall.calibration.expected import LossModel, delay_model, loss_model, wire_bps
 from squall.calibration.judge import Baseline, stalled_fraction
 from squall.calibration.observations import Sample, TransferObservation, UdpObservation, better, raw_samples
 from squall.calibration.plan import TransferPlan
 from squall.calibration.probing import finish_udp, run_tcp, run_udp, start_udp
 from squall.calibration.runner import calibration_spec, rate_only, unlimited
+from squall.calibration.stalls import StallPolicy
 from squall.calibration.verdicts import (
     RATE_REL,
     check_delay,
@@ -100,11 +100,11 @@ def cluster(docker_client: Any, worker_image: str) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def baseline(cluster: Cluster) -> Baseline:
-    """Name: baseline. Scope: module. Depends: cluster (still unshaped). The probe's own cost."""
+def baseline(cluster: Cluster, stall_policy: StallPolicy) -> Baseline:
+    """Name: baseline. Scope: module. Depends: cluster (still unshaped), stall_policy. The probe's own cost."""
     obs, _ = run_udp(cluster, EVERY, count=SHORT_COUNT, rate_pps=RATE_PPS, wait_s=0.5)
     assert obs.shared_clock, obs.problems
-    return Baseline.from_udp(obs)
+    return Baseline.from_udp(obs, stall_policy)
 
 
 @pytest.fixture(scope="module", params=_backends())
@@ -119,25 +119,24 @@ def shaper(request: pytest.FixtureRequest, cluster: Cluster, baseline: Baseline)
 
 
 @pytest.fixture(scope="module")
-def mixed(cluster: Cluster, shaper: Shaper) -> UdpObservation:
-    """Name: mixed. Scope: module. Depends: shaper. The mixed state, probed once on every link."""
+def mixed(cluster: Cluster, shaper: Shaper, stall_policy: StallPolicy) -> UdpObservation:
+    """Name: mixed. Scope: module. Depends: shaper, stall_policy. The mixed state, probed once on every link."""
     state = state_at(MIXED, N, 0.0)
     shaper.apply(state)
     return _judgeable(state, lambda: run_udp(cluster, EVERY, count=MIXED_COUNT, rate_pps=RATE_PPS, wait_s=0.9)[0],
-                      shaper)
+                      shaper, stall_policy)
 
 
-def _judgeable(state: Any, probe: Any, shaper: Shaper) -> UdpObservation:
-    """``probe()`` again (up to the stall policy's tries, as ``squall calibrate`` does) while the host stalled
+def _judgeable(state: Any, probe: Any, shaper: Shaper, policy: StallPolicy) -> UdpObservation:
+    """``probe()`` again (up to ``policy``'s tries, as ``squall calibrate`` does) while the host stalled
     so many packets of a link that the probe as a whole cannot be used; the probe with the fewest stalls."""
-    policy = stalls.policy()
     tries = [probe() for _ in range(1)]
-    while stalled_fraction(state, tries[-1]) > policy.probe_share and len(tries) < policy.tries:
+    while stalled_fraction(state, tries[-1], policy) > policy.probe_share and len(tries) < policy.tries:
         tries.append(probe())
     shaper.check()
     for obs in tries:
         assert obs.shared_clock and not obs.problems, obs.problems
-    return min(tries, key=lambda obs: stalled_fraction(state, obs))
+    return min(tries, key=lambda obs: stalled_fraction(state, obs, policy))
 
 
 def _spec(link: tuple[int, int]) -> Any:
@@ -145,21 +144,24 @@ def _spec(link: tuple[int, int]) -> Any:
 
 
 @pytest.mark.parametrize("link", [(0, 1), (1, 0), (0, 2)], ids=["1ms", "20ms", "100ms"])
-def test_delay_mean(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+def test_delay_mean(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int],
+                    stall_policy: StallPolicy) -> None:
     seen = mixed.links[link]
-    row = check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us,
-                      samples=seen.one_way_samples, host_stalls=stalled_fraction(state_at(MIXED, N, 0.0), mixed))
+    row = check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us, policy=stall_policy,
+                      samples=seen.one_way_samples,
+                      host_stalls=stalled_fraction(state_at(MIXED, N, 0.0), mixed, stall_policy))
     judged(row)
 
 
 @pytest.mark.parametrize("link", [(2, 0), (3, 1)], ids=["uniform-5ms", "normal-2ms"])
-def test_jitter_sd(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+def test_jitter_sd(mixed: UdpObservation, baseline: Baseline, link: tuple[int, int],
+                   stall_policy: StallPolicy) -> None:
     seen = mixed.links[link]
-    stalled = stalled_fraction(state_at(MIXED, N, 0.0), mixed)
-    row = check_jitter(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_sd_us,
+    stalled = stalled_fraction(state_at(MIXED, N, 0.0), mixed, stall_policy)
+    row = check_jitter(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_sd_us, policy=stall_policy,
                        samples=seen.one_way_samples, host_stalls=stalled)
     judged(row)
-    row = check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us,
+    row = check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us, policy=stall_policy,
                       samples=seen.one_way_samples, host_stalls=stalled)
     judged(row)
 
@@ -172,11 +174,13 @@ def test_loss_inside_the_99_percent_binomial_region(mixed: UdpObservation, link:
     assert row.validity is Validity.PASS, row.why
 
 
-def test_links_without_settings_stay_untouched(mixed: UdpObservation, baseline: Baseline) -> None:
+def test_links_without_settings_stay_untouched(mixed: UdpObservation, baseline: Baseline,
+                                               stall_policy: StallPolicy) -> None:
     for link in ((2, 3), (3, 2)):
         seen = mixed.links[link]
         row = check_delay(link, delay_model(_spec(link)), seen.one_way, baseline.one_way_mean_us,
-                          samples=seen.one_way_samples, host_stalls=stalled_fraction(state_at(MIXED, N, 0.0), mixed))
+                          policy=stall_policy, samples=seen.one_way_samples,
+                          host_stalls=stalled_fraction(state_at(MIXED, N, 0.0), mixed, stall_policy))
         judged(row)
         assert check_loss(link, LossModel(0.0, 0.0, True), seen.packets, seen.lost).verdict == "passed"
 
@@ -194,7 +198,7 @@ def rates(cluster: Cluster, shaper: Shaper) -> dict[tuple[int, int], Any]:
 @pytest.mark.parametrize("link, rate", [((1, 2), 10e6), ((2, 1), 100e6), ((1, 3), 1e9)],
                          ids=["10mbit", "100mbit", "1gbit"])
 def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any], link: tuple[int, int],
-              rate: float) -> None:
+              rate: float, *, stall_policy: StallPolicy) -> None:
     # As in calibrate(): a transfer that falls short is measured once more and the better counts
     # (a host stall can only lower a measurement); if still short, the unlimited path is measured.
     plan = TransferPlan(link, 0.0, 1.3, 0.3)
@@ -203,7 +207,7 @@ def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any
         canary = StallCanary()  # a real-time thread's wake-ups during the second transfer
         with canary.watching():
             seen = better(seen, run_tcp(cluster, [plan]).get(link))
-        if _short(seen, rate) and canary.p99_us() > canary_bound_us():  # as calibrate() on a stalling host
+        if _short(seen, rate) and canary.p99_us() > canary_bound_us(stall_policy):  # as calibrate() when stalling
             pytest.skip(f"{link} short at {rate / 1e6:g} Mbit/s while the host stalled (a real-time canary woke "
                         f"{canary.p99_us():.0f} us late at the 99th percentile): too busy to judge the rate")
     if _short(seen, rate):
@@ -211,7 +215,8 @@ def test_rate(cluster: Cluster, shaper: Shaper, rates: dict[tuple[int, int], Any
         again = run_tcp(cluster, [plan])[link]
         ceiling = wire_bps(again.goodput_bps, again.mss) if again.goodput_bps and again.mss else None
         shaper.apply(rate_only(state_at(MIXED, N, 0.0)))
-    row = check_rate(link, rate, seen.goodput_bps, seen.mss, ceiling_bps=ceiling, error=seen.error)
+    row = check_rate(link, rate, seen.goodput_bps, seen.mss, policy=stall_policy, ceiling_bps=ceiling,
+                     error=seen.error)
     if row.host_limited and rate >= 1e9:
         pytest.skip(f"this host cannot carry {rate / 1e6:g} Mbit/s through the {shaper.backend} path: {row.why}")
     assert row.validity is Validity.PASS, row.why
@@ -248,11 +253,12 @@ def _steady(state: LinkState) -> LinkState:
 
 
 @pytest.fixture(scope="module")
-def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
-    """Name: phase_run. Scope: module. Depends: shaper. A probe across the phase change of PHASED."""
+def phase_run(cluster: Cluster, shaper: Shaper,
+              stall_policy: StallPolicy) -> tuple[UdpObservation, dict[tuple[int, int], list[Sample]], float]:
+    """Name: phase_run. Scope: module. Depends: shaper, stall_policy. A probe across the phase change of PHASED."""
     before = state_at(PHASED, N, 0.0)
     steady = _steady(before)
-    policy = stalls.policy()
+    policy = stall_policy
     tries = []
     for _ in range(policy.tries):  # probed again while the host stalled too many packets to judge a delay
         changes = _schedule(shaper, PHASED, 2.5)  # the instrument of a run: planned ahead, sent at real-time priority
@@ -264,9 +270,9 @@ def phase_run(cluster: Cluster, shaper: Shaper) -> tuple[UdpObservation, dict[tu
         assert [a.index for a in applied] == [1] and not applied[0].errors, applied
         shaper.check()
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due))
-        if stalled_fraction(steady, obs) <= policy.probe_share:
+        if stalled_fraction(steady, obs, policy) <= policy.probe_share:
             break
-    return min(tries, key=lambda t: stalled_fraction(steady, t[0]))
+    return min(tries, key=lambda t: stalled_fraction(steady, t[0], policy))
 
 
 def test_a_phase_takes_effect_within_100_ms(phase_run: tuple[UdpObservation, dict[Any, list[Sample]], float],
@@ -283,7 +289,7 @@ def test_a_phase_takes_effect_within_100_ms(phase_run: tuple[UdpObservation, dic
 
 
 def test_a_per_pair_setting_changes_only_that_pair(phase_run: tuple[UdpObservation, dict[Any, list[Sample]], float],
-                                                   baseline: Baseline) -> None:
+                                                   baseline: Baseline, stall_policy: StallPolicy) -> None:
     obs, samples, due = phase_run
     for link in EVERY:
         seen = obs.links[link]
@@ -291,8 +297,8 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: tuple[UdpObservati
         if link == (0, 1):
             continue
         row = check_delay(link, delay_model(state_at(PHASED, N, 0.0).links[link]), seen.one_way,
-                          baseline.one_way_mean_us, samples=seen.one_way_samples,
-                          host_stalls=stalled_fraction(_steady(state_at(PHASED, N, 0.0)), obs))
+                          baseline.one_way_mean_us, policy=stall_policy, samples=seen.one_way_samples,
+                          host_stalls=stalled_fraction(_steady(state_at(PHASED, N, 0.0)), obs, stall_policy))
         judged(row)  # "changed with 0->1" if it failed
     after = [s for s in samples[(1, 0)] if s.send_wall > due + PHASE_DEADLINE_S]
     # 1 -> 0, the other direction, kept 2 ms: judged on the median, since a host stall only adds delay
@@ -366,9 +372,10 @@ def _ping(cluster: Any, pair: tuple[int, int], count: int, interval_s: float) ->
 
 
 @pytest.fixture(scope="module")
-def pings(cluster: Any, shaper: Shaper, kernel_tools: None) -> dict[tuple[int, int], kernel_clients.Row]:
-    """Name: pings. Scope: module. Depends: shaper, kernel_tools. One judged ping run per pair of PING_PAIRS;
-    pinged again (up to the stall policy's tries) while the host stalled too many replies to judge."""
+def pings(cluster: Any, shaper: Shaper, kernel_tools: None,
+          stall_policy: StallPolicy) -> dict[tuple[int, int], kernel_clients.Row]:
+    """Name: pings. Scope: module. Depends: shaper, kernel_tools, stall_policy. One judged ping run per pair of
+    PING_PAIRS; pinged again (up to the stall policy's tries) while the host stalled too many replies to judge."""
     shaper.clear()
     unshaped = {pair: statistics.median(_ping(cluster, pair, 50, 0.01) or [math.inf]) for pair in PING_PAIRS}
     state = state_at(KERNEL, N, 0.0)
@@ -376,9 +383,9 @@ def pings(cluster: Any, shaper: Shaper, kernel_tools: None) -> dict[tuple[int, i
     rows = {}
     for a, b in PING_PAIRS:
         expected = float(state.links[(a, b)].delay_us + state.links[(b, a)].delay_us)
-        for _ in range(stalls.policy().tries):
+        for _ in range(stall_policy.tries):
             row = kernel_clients.judge_ping((a, b), _ping(cluster, (a, b), PINGS, PING_INTERVAL_S), expected,
-                                            unshaped[(a, b)], sent=PINGS)
+                                            unshaped[(a, b)], sent=PINGS, policy=stall_policy)
             if row.verdict != "unknown":
                 break
         rows[(a, b)] = row
@@ -402,7 +409,8 @@ def _iperf3(cluster: Any, udp: bool) -> kernel_clients.IperfResult:
 
 
 @pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])
-def test_iperf3_gets_the_link_rate(cluster: Any, shaper: Shaper, kernel_tools: None, udp: bool) -> None:
+def test_iperf3_gets_the_link_rate(cluster: Any, shaper: Shaper, kernel_tools: None, udp: bool,
+                                   stall_policy: StallPolicy) -> None:
     # As test_rate: a run that falls short is repeated once, watched by a real-time canary; still short
     # while the canary saw the host stall, the host is too busy to judge a rate.
     metric = "iperf3_udp" if udp else "iperf3_tcp"
@@ -414,7 +422,7 @@ def test_iperf3_gets_the_link_rate(cluster: Any, shaper: Shaper, kernel_tools: N
         with canary.watching():
             again = _iperf3(cluster, udp)
         row = kernel_clients.judge_rate(RATE_LINK, metric, max(got, again, key=lambda r: r.wire_bps), RATE_BPS)
-        if row.verdict != "passed" and canary.p99_us() > canary_bound_us():
+        if row.verdict != "passed" and canary.p99_us() > canary_bound_us(stall_policy):
             pytest.skip(f"{row.why} while the host stalled (a real-time canary woke {canary.p99_us():.0f} us late "
                         "at the 99th percentile): too busy to judge the rate")
     shaper.check()

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from squall.calibration.stalls import StallPolicy
 from squall.profiles import Chance, LinkSpec, NodeLinkSpec
 from squall.shaping import LinkState, Shaper, open_shaper
 from squall.shaping.testnet.echo_probe import ProbeResult
@@ -91,7 +92,7 @@ def assert_not_delayed(result: ProbeResult, cost_us: float, delay_us: float, wha
         f"{q1:.0f} / {q2:.0f} / {q3:.0f} us")
 
 
-def test_clear_restores_namespaces_exactly_netem(lan: Lan, shaper: Shaper) -> None:
+def test_clear_restores_namespaces_exactly_netem(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     before = lan.snapshot()
     cost = path_cost_us(lan, 0, 1)
     shaper.apply(LinkState(
@@ -103,13 +104,14 @@ def test_clear_restores_namespaces_exactly_netem(lan: Lan, shaper: Shaper) -> No
     shaper.clear()
     assert lan.snapshot() == before
     retrying(lambda: assert_not_delayed(lan.probe(0, 1, count=50, interval_us=2_000), cost, 3_000,
-                                        "0 -> 1 after clear"), "0 -> 1 after clear")
+                                        "0 -> 1 after clear"), "0 -> 1 after clear", policy=stall_policy)
     shaper.apply(LinkState(links(LinkSpec(delay_us=3_000))))  # usable again after clear
     retrying(lambda: assert_which(lan.probe(1, 0, count=50, interval_us=2_000), cost + 3_000,
-                                  "1 -> 0 after clear and apply", (cost,)), "1 -> 0 after clear and apply")
+                                  "1 -> 0 after clear and apply", (cost,)), "1 -> 0 after clear and apply",
+             policy=stall_policy)
 
 
-def test_replace_endpoint_after_a_restart_netem() -> None:
+def test_replace_endpoint_after_a_restart_netem(stall_policy: StallPolicy) -> None:
     lan = Lan(HOSTS)
     with lan:
         for i in range(HOSTS):
@@ -129,12 +131,14 @@ def test_replace_endpoint_after_a_restart_netem() -> None:
             # replace_endpoint (as the original asks; 0 -> 2 stays shaped by host 0's egress)
             retrying(lambda: assert_not_delayed(lan.probe(2, 1, count=30, interval_us=2_000), cost, 4_000,
                                                 "a fresh namespace is not shaped yet"),
-                     "a fresh namespace is not shaped yet")
+                     "a fresh namespace is not shaped yet", policy=stall_policy)
             shaper.replace_endpoint(fresh)
             retrying(lambda: assert_which(lan.probe(0, 2, count=50, interval_us=2_000), cost + 4_000,
-                                          "0 -> 2 in the new namespace", (cost,)), "0 -> 2 in the new namespace")
+                                          "0 -> 2 in the new namespace", (cost,)), "0 -> 2 in the new namespace",
+                     policy=stall_policy)
             retrying(lambda: assert_which(lan.probe(2, 1, count=50, interval_us=2_000), cost + 4_000,
-                                          "2 -> 1 from the new namespace", (cost,)), "2 -> 1 from the new namespace")
+                                          "2 -> 1 from the new namespace", (cost,)), "2 -> 1 from the new namespace",
+                     policy=stall_policy)
             assert "1:100" in lan.run(2, ["tc", "class", "show", "dev", "eth0"])  # its rate to node 0
             assert "SQUALL" not in lan.run_in(old_ns, ["iptables-save"]), "the old namespace was not cleaned"
             shaper.check()
@@ -149,7 +153,7 @@ def _quartiles(values: list[float] | tuple[float, ...]) -> tuple[float, float, f
     return q1, q2, q3
 
 
-def test_delay_of_a_link_netem(lan: Lan, shaper: Shaper) -> None:
+def test_delay_of_a_link_netem(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     """``test_delay_of_a_link`` judged against the guest's own unshaped path, measured beside it.
 
     The original asks for a mean one-way delay within max(0.5 ms, 5 %) of 20 ms after host stalls
@@ -182,7 +186,7 @@ def test_delay_of_a_link_netem(lan: Lan, shaper: Shaper) -> None:
         assert abs(s2 - b2 - expected) <= tol, f"{told}: {s2 - b2:.0f} us added, expected {expected:.0f} +- {tol:.0f}"
         assert s3 - s1 <= (b3 - b1) + 1_000, f"{told}: the shaped link spreads more than the guest's path + 1 ms"
 
-    retrying(measure, "20 ms link 0 -> 1")
+    retrying(measure, "20 ms link 0 -> 1", policy=stall_policy)
     shaper.check()
 
 
@@ -199,7 +203,7 @@ def _probe_across_a_change(lan: Lan, shaper: Shaper, new_us: int) -> tuple[Probe
     return box["r"], asked, returned
 
 
-def test_change_takes_effect_within_100ms_netem(lan: Lan, shaper: Shaper) -> None:
+def test_change_takes_effect_within_100ms_netem(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     """``test_change_takes_effect_within_100ms`` with the deadline counted from when apply() returned.
 
     Under TCG the harness's own ``apply()`` (Python building and sending the netlink messages on an
@@ -229,7 +233,7 @@ def test_change_takes_effect_within_100ms_netem(lan: Lan, shaper: Shaper) -> Non
             f"packets sent {took_ms:.1f} ms after apply() returned still had the old delay (apply took "
             f"{(returned - asked) / 1e6:.1f} ms; unshaped path {cost:.0f} us)")
 
-    retrying(measure, "5 ms -> 40 ms while probing")
+    retrying(measure, "5 ms -> 40 ms while probing", policy=stall_policy)
 
 
 #: The restated duplication probe: requests 5 ms apart (the original's 0.5 ms, 2000 per second, is
@@ -238,7 +242,7 @@ def test_change_takes_effect_within_100ms_netem(lan: Lan, shaper: Shaper) -> Non
 DUP_COUNT, DUP_JUDGED, DUP_INTERVAL_US = 1_000, 900, 5_000
 
 
-def test_duplication_netem(lan: Lan, shaper: Shaper) -> None:
+def test_duplication_netem(lan: Lan, shaper: Shaper, stall_policy: StallPolicy) -> None:
     """``test_duplication`` with a probe the guest keeps up with, and duplicates counted where all arrived.
 
     The probe stops as soon as it holds as many replies as it sent requests, duplicates included: with
@@ -264,4 +268,4 @@ def test_duplication_netem(lan: Lan, shaper: Shaper) -> None:
             raise HostTooBusy(f"{told}, but {DUP_JUDGED - answered} of them got no reply: the guest fell behind")
         assert 135 <= len(judged) - answered <= 225, told
 
-    retrying(measure, "duplication at 20 %")
+    retrying(measure, "duplication at 20 %", policy=stall_policy)

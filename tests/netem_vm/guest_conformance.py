@@ -11,8 +11,9 @@ What differs, and why (TCG emulates every instruction, so the guest's own packet
 noisy):
 
 * the stall policy is scaled to the spread and tail the unshaped ``baseline`` measured
-  (:meth:`squall.calibration.stalls.StallPolicy.on_path`), and the canary's bound to the idle
-  guest's own lateness (``tests/netem_vm/guest_plugin.py``);
+  (:meth:`squall.calibration.stalls.StallPolicy.on_path`; this module's ``stall_policy`` fixture,
+  which every test collected here is handed), and the canary's bound to the idle guest's own
+  lateness (``tests/netem_vm/guest_plugin.py``, the session's policy);
 * settings too fine for that path are replaced by larger ones asking the same question of the same
   link (``suite.MIXED`` below, :data:`GUEST_RATES`), and probes run slower (:data:`GUEST_RATE_PPS`);
   the test ids keep the host's names;
@@ -38,7 +39,6 @@ noisy):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -58,6 +58,7 @@ from squall.calibration.expected import LossModel, delay_model
 from squall.calibration.judge import Baseline, stalled_fraction
 from squall.calibration.observations import Sample, UdpObservation, raw_samples
 from squall.calibration.probing import finish_udp, run_udp, start_udp
+from squall.calibration.stalls import StallPolicy
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import check_delay, check_jitter, check_loss
 from squall.checks.verdict import Validity
@@ -144,9 +145,25 @@ def cluster() -> Iterator[NamespaceCluster]:
 
 
 @pytest.fixture(scope="module")
-def baseline(cluster: NamespaceCluster) -> Baseline:
-    """Name: baseline. Scope: module. Depends: cluster (still unshaped). The suite's baseline probe; then
-    the stall policy scaled to the guest's own path is put in force for every judge of the session
+def unshaped(cluster: NamespaceCluster) -> UdpObservation:
+    """Name: unshaped. Scope: module. Depends: cluster (still unshaped). The suite's baseline probe."""
+    obs, _ = run_udp(cluster, suite.EVERY, count=suite.SHORT_COUNT,  # type: ignore[arg-type]
+                     rate_pps=suite.RATE_PPS, wait_s=0.5)
+    assert obs.shared_clock, obs.problems
+    return obs
+
+
+@pytest.fixture(scope="module")
+def baseline(unshaped: UdpObservation, session_stall_policy: StallPolicy) -> Baseline:
+    """Name: baseline. Scope: module. Depends: unshaped, session_stall_policy. The suite's baseline, its
+    stalls left out by the session's policy (the guest's canary's, before it is scaled to the path)."""
+    return Baseline.from_udp(unshaped, session_stall_policy)
+
+
+@pytest.fixture(scope="module")
+def stall_policy(session_stall_policy: StallPolicy, unshaped: UdpObservation, baseline: Baseline) -> StallPolicy:
+    """Name: stall_policy (this module's, over the session's). Scope: module. Depends: unshaped, baseline.
+    The session's stall policy scaled to the guest's own path, handed to every judge of this module
     (:meth:`squall.calibration.stalls.StallPolicy.on_path`: the window, the delay and jitter floors
     and the shares grow with the path's s.d., from the quartiles of the unshaped one-way delays,
     and with its tail beyond the new window).
@@ -155,20 +172,19 @@ def baseline(cluster: NamespaceCluster) -> Baseline:
     doubled its delay is still off by far more than the scaled tolerance. Recorded in
     ``guest_tolerances.json``.
     """
-    obs, _ = run_udp(cluster, suite.EVERY, count=suite.SHORT_COUNT,  # type: ignore[arg-type]
-                     rate_pps=suite.RATE_PPS, wait_s=0.5)
-    assert obs.shared_clock, obs.problems
-    b = Baseline.from_udp(obs)
-    policy = stalls.policy().on_path(b.one_way_sd_us, [o.one_way_samples for o in obs.links.values()])
-    stalls.use(policy)
+    policy = session_stall_policy.on_path(baseline.one_way_sd_us,
+                                          [o.one_way_samples for o in unshaped.links.values()])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "guest_tolerances.json").write_text(json.dumps({"baseline": b.to_dict(), **policy.to_dict()}) + "\n")
-    return b
+    (OUT / "guest_tolerances.json").write_text(json.dumps({"baseline": baseline.to_dict(), **policy.to_dict()})
+                                               + "\n")
+    return policy
 
 
 @pytest.fixture(scope="module", params=["netem"])
-def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster, baseline: Baseline) -> Iterator[Shaper]:
-    """Name: shaper. Scope: module. Depends: cluster, baseline. The netem backend; closed after its tests."""
+def shaper(request: pytest.FixtureRequest, cluster: NamespaceCluster, baseline: Baseline,
+           stall_policy: StallPolicy) -> Iterator[Shaper]:
+    """Name: shaper. Scope: module. Depends: cluster, baseline, stall_policy (both from the unshaped probe).
+    The netem backend; closed after its tests."""
     s = open_shaper(cluster.endpoints(), run_id=f"{cluster.run_id}{request.param[0]}", backend=request.param)
     assert s.backend == request.param
     try:
@@ -183,7 +199,7 @@ GUEST_STALL_TRIES = stalls.HOST.tries + 1
 
 
 @pytest.fixture(scope="module")
-def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
+def mixed(cluster: NamespaceCluster, shaper: Shaper, stall_policy: StallPolicy) -> UdpObservation:
     """Name: mixed. Scope: module. Depends: shaper. The suite's mixed probe (same state, count, tries).
 
     Probed again (up to :data:`GUEST_STALL_TRIES`) while more of a link stalled than its delay checks
@@ -195,11 +211,11 @@ def mixed(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     own socket buffers, which the loss checks would read as the link's. A guest that keeps up is
     judged exactly as the suite judges.
     """
-    policy = stalls.policy()
+    policy = stall_policy
     state = state_at(suite.MIXED, suite.N, 0.0)
     waited = ksoftirqd_wait_s()
-    obs, tries = _least_stalled(cluster, shaper, state, suite.EVERY, policy.judge_share)
-    stalled = stalled_fraction(state, obs)
+    obs, tries = _least_stalled(cluster, shaper, state, suite.EVERY, policy.judge_share, policy=policy)
+    stalled = stalled_fraction(state, obs, policy)
     _record("mixed", stalled=stalled, tries=tries, ksoftirqd_wait_s=round(ksoftirqd_wait_s() - waited, 3))
     if stalled > policy.probe_share:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the mixed probe (more than "
@@ -213,7 +229,7 @@ JITTER_LINKS = ((2, 0), (3, 1), (2, 3), (3, 2))
 
 
 @pytest.fixture(scope="module")
-def jitter_probe(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
+def jitter_probe(cluster: NamespaceCluster, shaper: Shaper, stall_policy: StallPolicy) -> UdpObservation:
     """Name: jitter_probe. Scope: module. Depends: shaper. The mixed state's jittered links probed on their
     own (:data:`JITTER_LINKS`, the mixed probe's count and rate), again up to GUEST_STALL_TRIES times while
     more of a link's packets stalled than a wide-jitter link's checks accept (the policy's hidden share);
@@ -227,27 +243,30 @@ def jitter_probe(cluster: NamespaceCluster, shaper: Shaper) -> UdpObservation:
     """
     state = state_at(suite.MIXED, suite.N, 0.0)
     waited = ksoftirqd_wait_s()
-    obs, tries = _least_stalled(cluster, shaper, state, JITTER_LINKS, stalls.policy().hidden_share)
+    obs, tries = _least_stalled(cluster, shaper, state, JITTER_LINKS, stall_policy.hidden_share, policy=stall_policy)
     _record("jitter", stalled=tries, ksoftirqd_wait_s=round(ksoftirqd_wait_s() - waited, 3))
     return obs
 
 
 def _least_stalled(cluster: NamespaceCluster, shaper: Shaper, state: LinkState,
-                   links: Sequence[tuple[int, int]], bound: float) -> tuple[UdpObservation, list[float]]:
+                   links: Sequence[tuple[int, int]], bound: float, *,
+                   policy: StallPolicy) -> tuple[UdpObservation, list[float]]:
     """Apply ``state`` and probe ``links`` at the mixed probe's count and rate, again (up to
-    GUEST_STALL_TRIES times) while more of a link's packets stalled than ``bound``; the least stalled
-    try, and every try's stalled share. Tries are chosen by their stalls only, never by a verdict."""
+    GUEST_STALL_TRIES times) while more of a link's packets stalled (by ``policy``'s window) than
+    ``bound``; the least stalled try, and every try's stalled share. Tries are chosen by their stalls
+    only, never by a verdict."""
     shaper.apply(state)
     tries: list[UdpObservation] = []
     for _ in range(GUEST_STALL_TRIES):
         tries.append(run_udp(cluster, links, count=suite.MIXED_COUNT,  # type: ignore[arg-type]
                              rate_pps=suite.RATE_PPS, wait_s=0.9)[0])
-        if stalled_fraction(state, tries[-1]) <= bound:
+        if stalled_fraction(state, tries[-1], policy) <= bound:
             break
     shaper.check()
     for obs in tries:
         assert obs.shared_clock and not obs.problems, obs.problems
-    return min(tries, key=lambda obs: stalled_fraction(state, obs)), [stalled_fraction(state, t) for t in tries]
+    return (min(tries, key=lambda obs: stalled_fraction(state, obs, policy)),
+            [stalled_fraction(state, t, policy) for t in tries])
 
 
 #: The mixed state's links without settings: every shared probe of the guest carries them (the mixed
@@ -255,7 +274,7 @@ def _least_stalled(cluster: NamespaceCluster, shaper: Shaper, state: LinkState,
 CONTROL_LINKS = ((2, 3), (3, 2))
 
 
-def control(obs: UdpObservation, *, without: tuple[int, int] | None = None) -> Baseline:
+def control(obs: UdpObservation, policy: StallPolicy, *, without: tuple[int, int] | None = None) -> Baseline:
     """The unshaped path's cost measured in the same probe as the links it corrects: the probe's links
     without settings (:data:`CONTROL_LINKS`, ``without`` left out), pooled as the suite's baseline pools
     an unshaped probe (stalls left out).
@@ -268,67 +287,65 @@ def control(obs: UdpObservation, *, without: tuple[int, int] | None = None) -> B
     subtracting theirs is the shaper's.
     """
     links = {link: obs.links[link] for link in CONTROL_LINKS if link != without}
-    return Baseline.from_udp(dataclasses.replace(obs, links=links, round_trips={}))
+    return Baseline.from_udp(dataclasses.replace(obs, links=links, round_trips={}), policy)
 
 
-@contextlib.contextmanager
-def beside_control() -> Iterator[None]:
-    """The stall policy for a delay judged against :func:`control`: the judge share raised to the probe
+def beside_control(policy: StallPolicy) -> StallPolicy:
+    """``policy`` for a delay judged against :func:`control`: the judge share raised to the probe
     share. The judge share stands for what a probe cannot see, a host that stalls often being late
     with every packet and not only the far ones; the control links see that lateness in the same
     probe, and it is subtracted. Past the probe share a probe is not used at all (``mixed`` skips),
     and a link whose stall window is wider than the floor (wide jitter) keeps the hidden share: the
     stalls its window keeps are its own, not the control's."""
-    policy = stalls.policy()
-    with stalls.using(dataclasses.replace(policy, judge_share=max(policy.judge_share, policy.probe_share))):
-        yield
+    return dataclasses.replace(policy, judge_share=max(policy.judge_share, policy.probe_share))
 
 
-def judged_delay(obs: UdpObservation, link: tuple[int, int], reference: Baseline) -> None:
-    """The delay check of ``link`` in ``obs`` against ``reference`` (a :func:`control`), under
-    :func:`beside_control`; its figures recorded (``guest_probes.jsonl``) whatever the verdict, then
-    judged as the suite judges."""
+def judged_delay(obs: UdpObservation, link: tuple[int, int], reference: Baseline, policy: StallPolicy) -> None:
+    """The delay check of ``link`` in ``obs`` against ``reference`` (a :func:`control`), by
+    :func:`beside_control` of ``policy``; its figures recorded (``guest_probes.jsonl``) whatever the
+    verdict, then judged as the suite judges."""
     state = state_at(suite.MIXED, suite.N, 0.0)
     seen = obs.links[link]
-    with beside_control():
-        row = check_delay(link, delay_model(state.links[link]), seen.one_way, reference.one_way_mean_us,
-                          samples=seen.one_way_samples, host_stalls=stalled_fraction(state, obs))
+    beside = beside_control(policy)
+    row = check_delay(link, delay_model(state.links[link]), seen.one_way, reference.one_way_mean_us, policy=beside,
+                      samples=seen.one_way_samples, host_stalls=stalled_fraction(state, obs, beside))
     _record("delay", link=list(link), reference_us=round(reference.one_way_mean_us, 1), verdict=row.verdict,
             why=row.why)
     judged(row)
 
 
 @pytest.mark.parametrize("link", [(0, 1), (1, 0), (0, 2)], ids=["1ms", "20ms", "100ms"])
-def test_delay_mean(mixed: UdpObservation, link: tuple[int, int]) -> None:
+def test_delay_mean(mixed: UdpObservation, link: tuple[int, int], stall_policy: StallPolicy) -> None:
     """The suite's test_delay_mean (the same links, check and tolerance), against :func:`control`."""
-    judged_delay(mixed, link, control(mixed))
+    judged_delay(mixed, link, control(mixed, stall_policy), stall_policy)
 
 
-def test_links_without_settings_stay_untouched(mixed: UdpObservation) -> None:
+def test_links_without_settings_stay_untouched(mixed: UdpObservation, stall_policy: StallPolicy) -> None:
     """The suite's row: each link without settings has no delay (the delay check, with the tolerance of a
     link without settings) and no loss. Its delay is judged against the other such link of the same
     probe (:func:`control`): under TCG the shaped state makes an untouched link late too. A shaper that
     gave one of them a neighbour's delay of 20 ms or more, or its loss, fails it; the 2 ms of the rate
     links lies within the guest's delay tolerance (3 s.d. of its path), here as against the baseline."""
     for link in CONTROL_LINKS:
-        judged_delay(mixed, link, control(mixed, without=link))
+        judged_delay(mixed, link, control(mixed, stall_policy, without=link), stall_policy)
         seen = mixed.links[link]
         assert check_loss(link, LossModel(0.0, 0.0, True), seen.packets, seen.lost).verdict == "passed"
 
 
 @pytest.mark.parametrize("link", [(2, 0), (3, 1)], ids=["uniform-5ms", "normal-2ms"])
-def test_jitter_sd(jitter_probe: UdpObservation, baseline: Baseline, link: tuple[int, int]) -> None:
+def test_jitter_sd(jitter_probe: UdpObservation, baseline: Baseline, link: tuple[int, int],
+                   stall_policy: StallPolicy) -> None:
     """The suite's test_jitter_sd (the same checks, bounds and links) on :func:`jitter_probe`; its delay
     against :func:`control` (its s.d. against the baseline's, as in the suite)."""
     seen = jitter_probe.links[link]
     state = state_at(suite.MIXED, suite.N, 0.0)
     spec = state.links[link]
-    stalled = stalled_fraction(state, jitter_probe)
-    row = check_jitter(link, delay_model(spec), seen.one_way, baseline.one_way_sd_us,
+    stalled = stalled_fraction(state, jitter_probe, stall_policy)
+    row = check_jitter(link, delay_model(spec), seen.one_way, baseline.one_way_sd_us, policy=stall_policy,
                        samples=seen.one_way_samples, host_stalls=stalled)
     _record("jitter_sd", link=list(link), verdict=row.verdict, why=row.why)
     judged(row)
-    judged_delay(jitter_probe, link, control(jitter_probe))
+    judged_delay(jitter_probe, link, control(jitter_probe, stall_policy), stall_policy)
 
 
 def _record(probe: str, **figures: Any) -> None:
@@ -350,16 +367,18 @@ def _outside_apply(samples: dict[tuple[int, int], list[Sample]], due: float, ret
             for link, got in samples.items() if link != (0, 1)}
 
 
-def phase_control(outside: dict[tuple[int, int], list[float]], *, without: tuple[int, int] | None = None) -> float:
+def phase_control(outside: dict[tuple[int, int], list[float]], policy: StallPolicy, *,
+                  without: tuple[int, int] | None = None) -> float:
     """The guest's own one-way path in the phase probe: the mean of :data:`CONTROL_LINKS`' delays
     (``without`` left out) sent outside the apply() window, stalls left out as
     :meth:`Baseline.from_udp` leaves them out. It stands for the baseline in the phase tests, for the
     reason :func:`control` gives."""
     pooled = [v for link in CONTROL_LINKS if link != without for v in outside[link]]
-    return stalls.policy().split(pooled, 0.0)[0].mean
+    return policy.split(pooled, 0.0)[0].mean
 
 
-def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, returned: float) -> float:
+def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, returned: float,
+                 policy: StallPolicy) -> float:
     """The largest share of a link's packets that lie beyond the stall window in the phase probe, counting
     only packets sent outside the apply() window (:func:`_outside_apply`).
 
@@ -369,7 +388,7 @@ def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, retur
     host's, and not the link's: the tests judge the change by when it took effect (from apply()'s
     return) and the other links by the packets outside it.
     """
-    policy = stalls.policy()  # no link of the phase profile has jitter
+    # no link of the phase profile has jitter: the window of a link without it
     worst = 0.0
     for got in _outside_apply(samples, due, returned).values():
         if got:
@@ -377,14 +396,15 @@ def phase_stalls(samples: dict[tuple[int, int], list[Sample]], due: float, retur
     return worst
 
 
-def _stalls_in_time(samples: dict[tuple[int, int], list[Sample]], due: float) -> dict[str, list[int]]:
+def _stalls_in_time(samples: dict[tuple[int, int], list[Sample]], due: float,
+                    policy: StallPolicy) -> dict[str, list[int]]:
     """Where in the phase probe the stalls lie: per half second from the probe's first packet, the
     packets beyond the stall window (all links but (0, 1)) and all packets; apply() is called at ``due``
     (recorded in guest_probes.jsonl, so that a stalled try can be read afterwards)."""
     sent = [s.send_wall for got in samples.values() for s in got]
     if not sent:
         return {}
-    start, window = min(sent), stalls.policy().window_us(0.0)
+    start, window = min(sent), policy.window_us(0.0)
     bins = int((max(sent) - start) / 0.5) + 1
     late, packets = [0] * bins, [0] * bins
     for link, got in samples.items():
@@ -399,7 +419,7 @@ def _stalls_in_time(samples: dict[tuple[int, int], list[Sample]], due: float) ->
 
 
 @pytest.fixture(scope="module")
-def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
+def phase_run(cluster: NamespaceCluster, shaper: Shaper, stall_policy: StallPolicy) -> PhaseRun:
     """Name: phase_run. Scope: module. Depends: shaper. The suite's probe across the phase change (same
     profile, tries and choice of the least stalled), 4 s long, the change planned ahead and sent by
     the real-time change executor as in a run, and when it was done (wall clock) beside when it was
@@ -424,28 +444,29 @@ def phase_run(cluster: NamespaceCluster, shaper: Shaper) -> PhaseRun:
         tries.append((obs, raw_samples([m for r in results for m in r.metrics()]), due, returned))
         # again while more stalled than the per-pair test's delay checks accept (their bound, not the
         # whole probe's: a try between the two leaves its delays unjudgeable)
-        if phase_stalls(tries[-1][1], due, returned) <= stalls.policy().judge_share:
+        if phase_stalls(tries[-1][1], due, returned, stall_policy) <= stall_policy.judge_share:
             break
-    best = min(tries, key=lambda t: phase_stalls(t[1], t[2], t[3]))
-    stalled = phase_stalls(best[1], best[2], best[3])
-    _record("phase", stalled=[phase_stalls(t[1], t[2], t[3]) for t in tries],
-            whole_probe=[stalled_fraction(before, t[0]) for t in tries], apply_s=[t[3] - t[2] for t in tries],
-            stalls_by_half_second=[_stalls_in_time(t[1], t[2]) for t in tries],
+    best = min(tries, key=lambda t: phase_stalls(t[1], t[2], t[3], stall_policy))
+    stalled = phase_stalls(best[1], best[2], best[3], stall_policy)
+    _record("phase", stalled=[phase_stalls(t[1], t[2], t[3], stall_policy) for t in tries],
+            whole_probe=[stalled_fraction(before, t[0], stall_policy) for t in tries],
+            apply_s=[t[3] - t[2] for t in tries],
+            stalls_by_half_second=[_stalls_in_time(t[1], t[2], stall_policy) for t in tries],
             ksoftirqd_wait_s=round(ksoftirqd_wait_s() - waited, 3))
-    probe_share = stalls.policy().probe_share
+    probe_share = stall_policy.probe_share
     if stalled > probe_share:
         pytest.skip(f"the guest stalled {100 * stalled:.1f} % of a link's packets in the phase probe (more than "
                     f"{100 * probe_share:g} %): too busy to judge the phase change")
     return best
 
 
-def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun) -> None:
+def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun, stall_policy: StallPolicy) -> None:
     """The suite's test with the 100 ms counted from when the change executor had the kernel's ack
     (its lateness is recorded in the guest's results). "Before the phase every packet was old" is
     judged, as in the suite, on the median of the half second before the due time; the path under the
     two settings is the probe's own (:func:`phase_control`)."""
     _, samples, due, returned = phase_run
-    middle = (2000 + 30000) / 2 + phase_control(_outside_apply(samples, due, returned))
+    middle = (2000 + 30000) / 2 + phase_control(_outside_apply(samples, due, returned), stall_policy)
     last_old = suite._last_old(samples[(0, 1)], middle)
     assert last_old < returned + suite.PHASE_DEADLINE_S, (
         f"a packet sent {last_old - returned:+.3f} s after the phase's apply() returned still had 2 ms "
@@ -454,7 +475,7 @@ def test_a_phase_takes_effect_within_100_ms(phase_run: PhaseRun) -> None:
     assert before and statistics.median(before) < middle, "the new delay held before the phase started"
 
 
-def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun) -> None:
+def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun, stall_policy: StallPolicy) -> None:
     """The suite's test on the guest's phase probe (deadline from apply()'s return, as above): no link
     lost a packet across the change, every other link kept its setting (2 ms, and none on the two
     control links), 1 -> 0 kept 2 ms while its echoes crossing 0 -> 1 took 30 ms. The other links'
@@ -463,17 +484,16 @@ def test_a_per_pair_setting_changes_only_that_pair(phase_run: PhaseRun) -> None:
     other) under :func:`beside_control`'s stall policy, as the delay rows are."""
     obs, samples, due, returned = phase_run
     outside = _outside_apply(samples, due, returned)
-    stalled = phase_stalls(samples, due, returned)
+    stalled = phase_stalls(samples, due, returned, stall_policy)
     state = state_at(suite.PHASED, suite.N, 0.0)
     for link in suite.EVERY:
         seen = obs.links[link]
         assert seen.lost == 0, f"{link} lost {seen.lost} of {seen.packets} packets across the change"
         if link == (0, 1):
             continue
-        reference = phase_control(outside, without=link if link in CONTROL_LINKS else None)
-        with beside_control():
-            row = check_delay(link, delay_model(state.links[link]), Moments.of(outside[link]), reference,
-                              samples=outside[link], host_stalls=stalled)
+        reference = phase_control(outside, stall_policy, without=link if link in CONTROL_LINKS else None)
+        row = check_delay(link, delay_model(state.links[link]), Moments.of(outside[link]), reference,
+                          policy=beside_control(stall_policy), samples=outside[link], host_stalls=stalled)
         _record("phase_delay", link=list(link), reference_us=round(reference, 1), verdict=row.verdict, why=row.why)
         judged(row)
     after = [s for s in samples[(1, 0)] if s.send_wall > returned + suite.PHASE_DEADLINE_S]
@@ -490,27 +510,30 @@ def test_a_tcp_stream_survives_50_changes_in_place(cluster: NamespaceCluster, sh
 
 @pytest.mark.parametrize("link, rate", GUEST_RATES, ids=["10mbit", "20mbit", "40mbit"])
 def test_rate(cluster: NamespaceCluster, shaper: Shaper, rates: dict[tuple[int, int], Any],  # noqa: F811
-              link: tuple[int, int], rate: float) -> None:
+              link: tuple[int, int], rate: float, *, stall_policy: StallPolicy) -> None:
     """The suite's test_rate at rates the emulated path can carry (see :data:`GUEST_RATES`)."""
-    suite.test_rate(cluster, shaper, rates, link, rate)
+    suite.test_rate(cluster, shaper, rates, link, rate, stall_policy=stall_policy)
 
 
-def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shaper: Shaper) -> None:
+def test_a_partition_blocks_and_a_heal_restores(cluster: NamespaceCluster, shaper: Shaper,
+                                                 stall_policy: StallPolicy) -> None:
     """The suite's test, retried as the timing tests are (:func:`tests.timing.retrying`): an echo that a
     stalled guest sends after the probe stopped waiting reads as a lost packet; a failure while the
     guest's real-time canary saw no stall fails it."""
     retrying(lambda: suite.test_a_partition_blocks_and_a_heal_restores(cluster, shaper),  # type: ignore[arg-type]
-             "partition and heal")
+             "partition and heal", policy=stall_policy)
 
 
 @pytest.mark.parametrize("profile", CALIBRATED)
-def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str) -> None:
+def test_calibration_on_netem(cluster: NamespaceCluster, shaper: Shaper, profile: str,
+                              stall_policy: StallPolicy) -> None:
     shaper.close()  # the suite is done with it; calibrate() opens its own on the same hosts
     # quick everywhere but on lossy-1pct: its loss check asks the full resolution whatever the plan's
     # quick count (a quick probe carries about a third of the packets it needs), so that one probes
     # as many as it needs
     report = calibration_runner.calibrate(profile, workers=suite.N, backend="netem", pairs=CALIBRATED_PAIRS,
-                                          quick=profile != "lossy-1pct", cluster=cluster)  # type: ignore[arg-type]
+                                          quick=profile != "lossy-1pct", cluster=cluster,  # type: ignore[arg-type]
+                                          policy=stall_policy)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"calibration-{profile}.json").write_text(report.to_json())
     assert report.backend == "netem" and not report.errors, report.format()

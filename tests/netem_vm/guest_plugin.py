@@ -20,10 +20,12 @@ CANARY_MEASURE_S = 3.0  # how long the idle guest's canary is measured
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Measure the real-time canary on the idle guest and put the stall policy scaled to it in force
-    (:meth:`squall.calibration.stalls.StallPolicy.with_canary`): under TCG the guest's timers are
-    emulated, so an idle guest's canary is already later than a native host's bound, and with that
-    bound every failure in the guest would read as "too busy". Recorded in ``guest_canary.json``.
+    """Measure the real-time canary on the idle guest and make the stall policy scaled to it the session's
+    (:meth:`squall.calibration.stalls.StallPolicy.with_canary`, in ``config.stash`` under
+    :data:`tests.timing.STALL_POLICY`, which the ``stall_policy`` fixture hands to every test): under TCG
+    the guest's timers are emulated, so an idle guest's canary is already later than a native host's
+    bound, and with that bound every failure in the guest would read as "too busy". Recorded in
+    ``guest_canary.json``.
     """
     from squall.calibration import stalls
     from tests import timing
@@ -32,8 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
     with canary.watching():
         time.sleep(CANARY_MEASURE_S)
     quiet = canary.p99_us()
-    policy = stalls.policy().with_canary(quiet)
-    stalls.use(policy)
+    policy = stalls.HOST.with_canary(quiet)
+    config.stash[timing.STALL_POLICY] = policy
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "guest_canary.json").write_text(json.dumps({"idle_p99_us": round(quiet, 1), "sleeps": len(canary.late_us),
                                                        "bound_us": round(policy.canary_p99_us, 1)}) + "\n")

@@ -18,6 +18,7 @@ from squall.calibration.observations import (
     raw_samples,
     shared_clock,
 )
+from squall.calibration.stalls import HOST
 from squall.profiles import LinkSpec, Loss
 from squall.shaping.base import LinkState
 
@@ -126,7 +127,8 @@ def _big_two_nodes(clock: dict[str, str] = CLOCK) -> dict[int, dict[str, Any] | 
 
 def test_judge_one_way_rows() -> None:
     transfers = {(0, 1): TransferObservation((0, 1), 9.56e6, 1448, 1.0, None)}
-    rows = judge(_state(), ((0, 1), (1, 0)), _evidence(_big_two_nodes(), transfers=transfers), loss_confidence=0.99)
+    rows = judge(_state(), ((0, 1), (1, 0)), _evidence(_big_two_nodes(), transfers=transfers), loss_confidence=0.99,
+                 policy=HOST)
     assert [(r.link, r.metric, r.verdict) for r in rows] == [
         ((0, 1), "delay", "passed"), ((0, 1), "jitter", "passed"),
         ((0, 1), "loss", "passed"), ((0, 1), "rate", "passed"),
@@ -137,7 +139,7 @@ def test_judge_one_way_rows() -> None:
 def test_judge_round_trip_rows_without_a_shared_clock() -> None:
     values = _big_two_nodes(clock={"boot_id": "b", "time_ns": "time:[2]"})
     values[1]["clock"] = CLOCK  # type: ignore[index]
-    rows = judge(_state(), ((0, 1),), _evidence(values), loss_confidence=0.99)
+    rows = judge(_state(), ((0, 1),), _evidence(values), loss_confidence=0.99, policy=HOST)
     assert [(r.metric, r.verdict) for r in rows] == [
         ("rtt", "passed"), ("rtt_jitter", "passed"),
         ("loss", "passed"), ("rate", "unknown")]
@@ -146,21 +148,21 @@ def test_judge_round_trip_rows_without_a_shared_clock() -> None:
 
 def test_judge_blocked_link_expects_total_loss() -> None:
     values = {0: _node(0, {1: _target(1000, 0, 0, 0)}, {}), 1: _node(1, {}, {0: 0})}
-    rows = judge(_state(blocked=frozenset({(0, 1)})), ((0, 1),), _evidence(values), loss_confidence=0.99)
+    rows = judge(_state(blocked=frozenset({(0, 1)})), ((0, 1),), _evidence(values), loss_confidence=0.99, policy=HOST)
     assert [(r.metric, r.verdict, r.configured) for r in rows] == [("loss", "passed", 100.0)]
 
 
 def test_judge_without_any_probe_data_is_unknown_not_passed() -> None:
     evidence = Evidence(Baseline(0, 0, 0, 0, 0), None, {})
-    rows = judge(_state(), ((0, 1),), evidence, loss_confidence=0.99)
+    rows = judge(_state(), ((0, 1),), evidence, loss_confidence=0.99, policy=HOST)
     assert {r.verdict for r in rows} == {"unknown"}
 
 
 def test_baseline_pools_links_and_round_trips() -> None:
-    base = Baseline.from_udp(parse_udp(_big_two_nodes(), [(0, 1), (1, 0)]))
+    base = Baseline.from_udp(parse_udp(_big_two_nodes(), [(0, 1), (1, 0)]), HOST)
     assert base.one_way_mean_us == pytest.approx(6000) and base.rtt_mean_us == pytest.approx(12000)
     assert base.samples == 200
-    assert Baseline.from_udp(None) == Baseline(0.0, 0.0, 0.0, 0.0, 0)
+    assert Baseline.from_udp(None, HOST) == Baseline(0.0, 0.0, 0.0, 0.0, 0)
 
 
 def test_the_better_of_two_transfers_counts() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from squall.calibration import runner
+from squall.calibration import runner, stalls
 from squall.calibration.judge import Baseline
 from squall.calibration.plan import plan_probes
 from squall.calibration.report import CalibrationReport
@@ -56,6 +56,7 @@ def test_report_json_and_table() -> None:
     assert data["counts"] == {"passed": 1, "failed": 0, "unknown": 1, "host-limited": 1}
     assert data["rows"][1]["low"] is None and data["rows"][0]["link"] == [0, 1]
     assert data["plan"]["udp_count"] == 1000 and len(data["plan"]["transfers"]) == 12
+    assert data["stall_policy"] == stalls.HOST.to_dict()  # the policy the run judged by, in its record
     text = report.format()
     assert text.splitlines()[0] == "calibration of wan-5ms on 4 workers, backend nfqueue: UNKNOWN in 42.0 s"
     assert "0->1  delay   5.000 ms    5.100 ms  4.500..5.500 ms  passed" in text
@@ -121,6 +122,7 @@ def test_exit_codes_and_json_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     args = _args(json=out, allow_host_limited=True) if allow else _args(json=out)
     assert cli_calibrate.cmd_calibrate(args) == code
     assert isinstance(seen.pop("cluster"), _NoCluster)  # the command's own cluster, passed in
+    assert seen.pop("policy") is stalls.HOST  # the command builds the run's stall policy and passes it
     assert seen == {"profile": "wan-5ms", "workers": 4, "backend": None, "pairs": None, "quick": False, "at": 0.0}
     assert json.loads(out.read_text())["profile"] == "wan-5ms"
     assert "calibration of wan-5ms" in capsys.readouterr().out

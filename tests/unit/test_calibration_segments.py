@@ -7,6 +7,7 @@ import random
 from squall.calibration.judge import Baseline
 from squall.calibration.observations import Sample
 from squall.calibration.segments import SegmentReport, judge_segment, segments_of, summary_table
+from squall.calibration.stalls import HOST
 from squall.profiles import LinkSpec, Loss
 from squall.report.plots import configured_series, plot_trace_fidelity
 from squall.run_meta import RunMeta
@@ -52,7 +53,7 @@ def judge_all(samples: list[Sample], sent: list[tuple[int, float]]) -> list[tupl
     out = []
     for i, segment in enumerate(segments):
         checks, short = judge_segment(segment, segments[i - 1] if i else None, (0, 1), samples, sent_seqs=sent,
-                                      start_wall=0.0, baseline=BASE)
+                                      start_wall=0.0, baseline=BASE, policy=HOST)
         out.append((segment.index, checks, short))
     return out
 
@@ -77,7 +78,7 @@ def test_a_short_segment_is_listed_not_judged() -> None:
     lossy = [TimedState(t.at_s, t.label, state(t.state.links[(0, 1)].delay_us / 1000, 1.0)) for t in TIMELINE]
     segments = segments_of(lossy, 5.0)
     checks, short = judge_segment(segments[1], segments[0], (0, 1), samples, sent_seqs=sent, start_wall=0.0,
-                                  baseline=BASE)
+                                  baseline=BASE, policy=HOST)
     assert ("loss" in {q for q, _ in short}) and not [c for c in checks if c.metric == "rtt_loss"]
     report = SegmentReport(tuple(segments), tuple((1, c) for c in checks), tuple((1, q, w) for q, w in short))
     assert "too short to judge: delay in 0 segments, loss in 1 segments" in summary_table(report)

@@ -1,42 +1,31 @@
 """The host-stall policy: what a stall is, how it is counted, when it leaves a check unknown, and the
-policy scaled to a noisier path (pure: seeded samples, no host)."""
+policy scaled to a noisier path (pure: seeded samples, no host). The policy is a value each judge is
+handed, never state: two policies judge the same samples side by side."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 
 import pytest
 
-from squall.calibration import stalls
+from squall.calibration import judge, segments, stalls, verdicts
 from squall.calibration.expected import DelayModel
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import check_delay, check_jitter, check_rate
 
 
-@pytest.fixture
-def restored() -> Iterator[None]:
-    """Name: restored. Scope: function. Puts back the policy in force after the test."""
-    with stalls.using(stalls.policy()):
-        yield
-
-
-def test_using_puts_the_replaced_policy_back_however_the_block_ends() -> None:
-    before = stalls.policy()
-    noisy = stalls.HOST.on_path(500.0, [[0.0] * 100])
-    assert noisy is not before
-    with stalls.using(noisy) as policy:
-        assert stalls.policy() is policy is noisy
-    assert stalls.policy() is before
-    with pytest.raises(RuntimeError), stalls.using(noisy):
-        raise RuntimeError("a failed check inside the block")
-    assert stalls.policy() is before
+def test_no_policy_is_held_in_force_anywhere() -> None:
+    """Nothing to swap: the stall module keeps no policy of its own, and no judge reads one from a module."""
+    assert not {"policy", "use", "using", "_in_force"} & set(vars(stalls))
+    for module in (verdicts, judge, segments):
+        held = [name for name, value in vars(module).items() if isinstance(value, stalls.StallPolicy)]
+        assert held in ([], ["HOST"]), (module.__name__, held)  # only the default an entry point names
 
 
 def test_the_quiet_hosts_policy() -> None:
     host = stalls.HOST
-    assert stalls.policy() == host
+    assert host == stalls.StallPolicy()
     assert (host.sigmas, host.floor_us) == (6.0, 1000.0)
     assert (host.hidden_share, host.judge_share, host.probe_share, host.retry_share) == (0.05, 0.10, 0.25, 0.10)
     assert (host.tries, host.canary_p99_us, host.delay_floor_us, host.jitter_floor_us) == (3, 500.0, 500.0, 250.0)
@@ -86,29 +75,34 @@ def test_the_canary_bound_follows_an_idle_hosts_own_lateness() -> None:
     assert stalls.HOST.with_canary(4_000.0).canary_p99_us == 12_000.0  # three times a slow idle host's
 
 
-def test_the_policy_in_force_is_what_the_checks_judge_by(restored: None) -> None:
+def test_the_policy_passed_is_what_the_checks_judge_by() -> None:
     """A 1 ms link read 1.8 ms is failed on a quiet host, judged within tolerance on a path whose floor
-    is 3 s.d. of 0.5 ms; 20 % of a probe stalled is unknown on a quiet host and judged on the noisy path."""
+    is 3 s.d. of 0.5 ms; 20 % of a probe stalled is unknown on a quiet host and judged on the noisy path.
+    The two policies are used alternately: each verdict follows the policy it was handed, whatever
+    was judged before it."""
     samples = [1_800.0 + (i % 5) for i in range(300)]
     model = DelayModel(1_000, 0)
-    assert check_delay((0, 1), model, Moments.of(samples), 0, samples=samples).verdict == "failed"
-    stalls.use(stalls.HOST.on_path(500.0, [[0.0] * 80 + [10_000.0] * 20]))
-    assert check_delay((0, 1), model, Moments.of(samples), 0, samples=samples).verdict == "passed"
-    busy = check_jitter((0, 1), model, Moments.of(samples), 0, samples=samples, host_stalls=0.2)
-    assert busy.verdict == "passed"  # 0.2 is within the raised judge share (0.30)
-    stalls.use(stalls.HOST)
-    busy = check_jitter((0, 1), model, Moments.of(samples), 0, samples=samples, host_stalls=0.2)
-    assert busy.verdict == "unknown" and stalls.TOO_BUSY in busy.why
-    assert check_rate((0, 1), 1e9, 600e6, 1448, host_stalls=0.2).verdict == "unknown"
+    noisy = stalls.HOST.on_path(500.0, [[0.0] * 80 + [10_000.0] * 20])
+    for _ in range(2):
+        assert check_delay((0, 1), model, Moments.of(samples), 0, samples=samples,
+                           policy=stalls.HOST).verdict == "failed"
+        assert check_delay((0, 1), model, Moments.of(samples), 0, samples=samples, policy=noisy).verdict == "passed"
+        busy = check_jitter((0, 1), model, Moments.of(samples), 0, samples=samples, host_stalls=0.2, policy=noisy)
+        assert busy.verdict == "passed"  # 0.2 is within the raised judge share (0.30)
+        busy = check_jitter((0, 1), model, Moments.of(samples), 0, samples=samples, host_stalls=0.2,
+                            policy=stalls.HOST)
+        assert busy.verdict == "unknown" and stalls.TOO_BUSY in busy.why
+        assert check_rate((0, 1), 1e9, 600e6, 1448, host_stalls=0.2, policy=stalls.HOST).verdict == "unknown"
+        assert check_rate((0, 1), 1e9, 600e6, 1448, host_stalls=0.2, policy=noisy).verdict == "failed"
 
 
-def test_a_delay_short_even_with_the_stalls_fails_however_busy_the_host(restored: None) -> None:
+def test_a_delay_short_even_with_the_stalls_fails_however_busy_the_host() -> None:
     """Stalls only add delay: a 10 ms link read at 5.4 ms with 12 % of its packets stalled is failed,
     and the same stalls on a link read near 10 ms leave it unknown."""
     model = DelayModel(10_000, 0)
     short = [5_400.0 + (i % 5) for i in range(440)] + [9_000.0] * 60
-    row = check_delay((0, 1), model, Moments.of(short), 250.0, samples=short, host_stalls=0.126)
+    row = check_delay((0, 1), model, Moments.of(short), 250.0, samples=short, host_stalls=0.126, policy=stalls.HOST)
     assert row.verdict == "failed" and "cannot explain" in row.why
     near = [10_000.0 + (i % 5) for i in range(440)] + [14_000.0] * 60
-    row = check_delay((0, 1), model, Moments.of(near), 0.0, samples=near, host_stalls=0.126)
+    row = check_delay((0, 1), model, Moments.of(near), 0.0, samples=near, host_stalls=0.126, policy=stalls.HOST)
     assert row.verdict == "unknown" and stalls.TOO_BUSY in row.why

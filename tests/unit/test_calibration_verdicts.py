@@ -8,6 +8,7 @@ import random
 import pytest
 
 from squall.calibration.expected import DelayModel, LossModel, delay_model, loss_model
+from squall.calibration.stalls import HOST
 from squall.calibration.stats import Moments
 from squall.calibration.verdicts import (
     HOST_LIMITED,
@@ -40,7 +41,7 @@ LINK = (0, 1)
     (5_000, None, 0, U),  # the probe crashed
 ])
 def test_delay(configured_us: float, measured: Moments | None, baseline_us: float, verdict: str) -> None:
-    row = check_delay(LINK, DelayModel(configured_us, 0.0), measured, baseline_us)
+    row = check_delay(LINK, DelayModel(configured_us, 0.0), measured, baseline_us, policy=HOST)
     assert row.verdict == verdict, row.why
     assert row.metric == "delay" and row.unit == "ms"
     if verdict != U:
@@ -49,21 +50,21 @@ def test_delay(configured_us: float, measured: Moments | None, baseline_us: floa
 
 
 def test_delay_states_its_false_failure_probability() -> None:
-    row = check_delay(LINK, DelayModel(20_000, 2_887), Moments(100, 20_000, 2_887), 0)
+    row = check_delay(LINK, DelayModel(20_000, 2_887), Moments(100, 20_000, 2_887), 0, policy=HOST)
     # tolerance 1 ms, standard error 0.2887 ms: P(|Z| > 3.46)
     assert row.false_failure == pytest.approx(5.3e-4, rel=0.05)
 
 
 def test_delay_leaves_host_stalls_out_and_says_so() -> None:
     samples = [5_000.0] * 950 + [20_000.0] * 50  # one packet in twenty stalled by 15 ms: mean of all 5.75 ms
-    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples)
+    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples, policy=HOST)
     assert row.verdict == P and row.measured == pytest.approx(5.0)
     assert "50 of 1000 samples (5.00 %)" in row.why and "mean of all: 5.750 ms" in row.why
 
 
 def test_delay_with_too_many_stalls_is_unknown_never_passed() -> None:
     samples = [5_000.0] * 700 + [20_000.0] * 300  # 30 % of the packets stalled by 15 ms
-    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples)
+    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples, policy=HOST)
     assert row.verdict == U and "median 5.000 ms" in row.why and "mean of all: 9.500 ms" in row.why
     assert "too busy to judge the delay" in row.why
 
@@ -71,18 +72,19 @@ def test_delay_with_too_many_stalls_is_unknown_never_passed() -> None:
 def test_a_wrong_delay_is_not_taken_for_stalls() -> None:
     """A shaper that adds 2 ms to every packet: nothing is far from the median, the mean is wrong."""
     samples = [7_000.0 + (k % 10) for k in range(1000)]
-    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples)
+    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(samples), 0, samples=samples, policy=HOST)
     assert row.verdict == F and "host stalls" not in row.why
 
 
 def test_heavy_tailed_delay_keeps_every_sample() -> None:
     samples = [5_000.0] * 950 + [20_000.0] * 50
-    row = check_delay(LINK, DelayModel(5_000, 1_000, heavy_tailed=True), Moments.of(samples), 0, samples=samples)
+    row = check_delay(LINK, DelayModel(5_000, 1_000, heavy_tailed=True), Moments.of(samples), 0, samples=samples,
+                      policy=HOST)
     assert row.measured == pytest.approx(5.75) and row.verdict == F
 
 
 def test_round_trip_delay_row() -> None:
-    row = check_delay(LINK, DelayModel(10_000, 0), Moments(500, 10_080, 10), 80, metric="rtt")
+    row = check_delay(LINK, DelayModel(10_000, 0), Moments(500, 10_080, 10), 80, metric="rtt", policy=HOST)
     assert (row.metric, row.verdict, row.measured) == ("rtt", P, pytest.approx(10.0))
 
 
@@ -97,13 +99,13 @@ def test_round_trip_delay_row() -> None:
     (0, 50, 30, P),  # without jitter 30 do
 ])
 def test_jitter_from_moments(sd_cfg: float, measured_sd: float, n: int, verdict: str) -> None:
-    row = check_jitter(LINK, DelayModel(20_000, sd_cfg), Moments(n, 20_000, measured_sd), 40.0)
+    row = check_jitter(LINK, DelayModel(20_000, sd_cfg), Moments(n, 20_000, measured_sd), 40.0, policy=HOST)
     assert row.verdict == verdict, row.why
     assert row.verdict == U or row.low >= 0
 
 
 def test_jitter_without_measurement_is_unknown() -> None:
-    assert check_jitter(LINK, DelayModel(5_000, 0), None, 0).verdict == U
+    assert check_jitter(LINK, DelayModel(5_000, 0), None, 0, policy=HOST).verdict == U
 
 
 def _uniform_samples(rng: random.Random, n: int, d: float, j: float) -> list[float]:
@@ -115,8 +117,8 @@ def test_jitter_leaves_host_stalls_out() -> None:
     core = [5_000 + rng.gauss(0, 30) for _ in range(1980)]
     stalls = [5_000 + rng.uniform(2_000, 9_000) for _ in range(20)]  # 1 %: a busy 2-core host
     samples = core + stalls
-    plain = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30)
-    robust = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30, samples=samples)
+    plain = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30, policy=HOST)
+    robust = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30, samples=samples, policy=HOST)
     assert plain.verdict == F  # the stalls alone push the s.d. past the floor
     assert robust.verdict == P and "20 of 2000" in robust.why and robust.samples == 2000
 
@@ -124,15 +126,15 @@ def test_jitter_leaves_host_stalls_out() -> None:
 def test_jitter_is_unknown_when_the_host_stalls_too_often() -> None:
     rng = random.Random(6)
     samples = [5_000 + rng.gauss(0, 30) for _ in range(700)] + [8_000.0] * 300  # 30 %
-    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30, samples=samples)
+    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(samples), 30, samples=samples, policy=HOST)
     assert row.verdict == U and "too busy" in row.why
     busy = [5_000 + rng.gauss(0, 30) for _ in range(800)] + [8_000.0] * 200  # 20 %
-    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(busy), 30, samples=busy)
+    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(busy), 30, samples=busy, policy=HOST)
     assert row.verdict == U and "more than 10 %" in row.why  # stalls this often move the quartiles too
-    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(busy), 0, samples=busy)
+    row = check_delay(LINK, DelayModel(5_000, 0), Moments.of(busy), 0, samples=busy, policy=HOST)
     assert row.verdict == U and "more than 10 %" in row.why  # ... and every packet, not only the far ones
     some = [5_000 + rng.gauss(0, 30) for _ in range(920)] + [8_000.0] * 80  # 8 %: judged on the core
-    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(some), 30, samples=some)
+    row = check_jitter(LINK, DelayModel(5_000, 0), Moments.of(some), 30, samples=some, policy=HOST)
     assert row.verdict == P and row.measured == pytest.approx(0.03, abs=0.01)  # the law's s.d., not the stalls
 
 
@@ -140,7 +142,7 @@ def test_jitter_keeps_a_wide_law_whole() -> None:
     rng = random.Random(8)
     samples = _uniform_samples(rng, 3000, 20_000, 5_000)  # +-5 ms: nothing is a stall
     model = delay_model(LinkSpec(delay_us=20_000, jitter=Jitter(5_000)))
-    row = check_jitter(LINK, model, Moments.of(samples), 40, samples=samples)
+    row = check_jitter(LINK, model, Moments.of(samples), 40, samples=samples, policy=HOST)
     assert row.verdict == P and "host stalls" not in row.why and "quartiles" in row.why
 
 
@@ -150,30 +152,31 @@ def test_jitter_under_a_busy_host_is_judged_on_the_quartiles() -> None:
     samples = [10_000 + rng.gauss(0, 2_000) for _ in range(2850)] + [
         10_000 + rng.gauss(0, 2_000) + rng.uniform(2_000, 10_000) for _ in range(150)]
     model = delay_model(LinkSpec(delay_us=10_000, jitter=Jitter(2_000, Distribution.NORMAL)))
-    assert check_jitter(LINK, model, Moments.of(samples), 50).verdict == F  # the plain s.d. is 20 % too wide
-    assert check_jitter(LINK, model, Moments.of(samples), 50, samples=samples).verdict == P
+    # the plain s.d. is 20 % too wide
+    assert check_jitter(LINK, model, Moments.of(samples), 50, policy=HOST).verdict == F
+    assert check_jitter(LINK, model, Moments.of(samples), 50, samples=samples, policy=HOST).verdict == P
 
 
 def test_jitter_of_the_wrong_shape_fails() -> None:
     rng = random.Random(10)
     normal = [20_000 + rng.gauss(0, 2_887) for _ in range(3000)]  # the s.d. of +-5 ms uniform, but normal
     model = delay_model(LinkSpec(delay_us=20_000, jitter=Jitter(5_000)))
-    assert check_jitter(LINK, model, Moments.of(normal), 40).verdict == P  # the plain s.d. cannot tell
-    assert check_jitter(LINK, model, Moments.of(normal), 40, samples=normal).verdict == F
+    assert check_jitter(LINK, model, Moments.of(normal), 40, policy=HOST).verdict == P  # the plain s.d. cannot tell
+    assert check_jitter(LINK, model, Moments.of(normal), 40, samples=normal, policy=HOST).verdict == F
 
 
 def test_jitter_of_a_clipped_law_leaves_stalls_out_of_the_sample_sd() -> None:
     rng = random.Random(11)
     samples = [max(0.0, 1_000 + rng.uniform(-3_000, 3_000)) for _ in range(2000)]
     model = delay_model(LinkSpec(delay_us=1_000, jitter=Jitter(3_000)))
-    row = check_jitter(LINK, model, Moments.of(samples), 0, samples=samples)
+    row = check_jitter(LINK, model, Moments.of(samples), 0, samples=samples, policy=HOST)
     assert row.verdict == P and "without stalls" in row.why
 
 
 def test_heavy_tailed_jitter_is_not_filtered() -> None:
     samples = [1_000.0] * 990 + [20_000.0] * 10
     model = DelayModel(1_000, 1_000, heavy_tailed=True)
-    row = check_jitter(LINK, model, Moments.of(samples), 0, samples=samples)
+    row = check_jitter(LINK, model, Moments.of(samples), 0, samples=samples, policy=HOST)
     assert row.measured == pytest.approx(Moments.of(samples).sd / 1000)
     assert row.false_failure is None  # no bound for a Pareto law
 
@@ -242,19 +245,19 @@ def test_loss_confidence_can_be_tightened() -> None:
     (20e6, 19.0e6, None, P),
 ])
 def test_rate(rate: float, goodput: float, ceiling: float | None, verdict: str) -> None:
-    row = check_rate(LINK, rate, goodput, 1448, ceiling_bps=ceiling)
+    row = check_rate(LINK, rate, goodput, 1448, ceiling_bps=ceiling, policy=HOST)
     assert row.verdict == verdict, row.why
     assert row.unit == "Mbit/s"
 
 
 def test_rate_without_a_transfer_is_unknown_with_the_reason() -> None:
-    row = check_rate(LINK, 100e6, None, None, error="ConnectionRefusedError")
+    row = check_rate(LINK, 100e6, None, None, error="ConnectionRefusedError", policy=HOST)
     assert row.verdict == U and "ConnectionRefusedError" in row.why
 
 
 def test_rate_outside_the_specified_range_says_so() -> None:
-    assert "outside the 10 Mbit/s-1 Gbit/s range" in check_rate(LINK, 5e6, 4.78e6, 1448).why
-    assert "outside" not in check_rate(LINK, 10e6, 9.56e6, 1448).why
+    assert "outside the 10 Mbit/s-1 Gbit/s range" in check_rate(LINK, 5e6, 4.78e6, 1448, policy=HOST).why
+    assert "outside" not in check_rate(LINK, 10e6, 9.56e6, 1448, policy=HOST).why
 
 
 def _row(verdict: str) -> Check:
@@ -279,9 +282,9 @@ def test_a_clean_link_is_unknown_when_the_probe_shows_a_stalling_host() -> None:
     rng = random.Random(7)
     samples = [20_000 + rng.uniform(-5_000, 5_000) for _ in range(2000)]
     model = DelayModel(20_000, 5_000 / math.sqrt(3), iqr_per_sd=math.sqrt(3))
-    assert check_delay(LINK, model, Moments.of(samples), 0, samples=samples).verdict == P
+    assert check_delay(LINK, model, Moments.of(samples), 0, samples=samples, policy=HOST).verdict == P
     for check in (check_delay, check_jitter):
-        row = check(LINK, model, Moments.of(samples), 0, samples=samples, host_stalls=0.3)
+        row = check(LINK, model, Moments.of(samples), 0, samples=samples, host_stalls=0.3, policy=HOST)
         assert row.verdict == U and "the host stalled 30.0 %" in row.why
 
 
@@ -292,16 +295,19 @@ def test_a_wide_jitter_link_needs_a_quieter_host_than_a_narrow_one() -> None:
     wide = DelayModel(20_000, 5_000 / math.sqrt(3), iqr_per_sd=math.sqrt(3))
     wide_samples = [20_000 + rng.uniform(-5_000, 5_000) for _ in range(2000)]
     narrow_samples = [5_000 + rng.gauss(0, 30) for _ in range(2000)]
-    assert check_delay(LINK, wide, Moments.of(wide_samples), 0, samples=wide_samples, host_stalls=0.1).verdict == U
+    assert check_delay(LINK, wide, Moments.of(wide_samples), 0, samples=wide_samples, host_stalls=0.1,
+                       policy=HOST).verdict == U
     narrow = check_delay(LINK, DelayModel(5_000, 0), Moments.of(narrow_samples), 0, samples=narrow_samples,
-                         host_stalls=0.1)
+                         host_stalls=0.1, policy=HOST)
     assert narrow.verdict == P
 
 
 def test_a_short_rate_is_unknown_while_the_host_stalls_the_probes() -> None:
     """CI: 520-890 Mbit/s for 1 Gbit/s under nfqueue while 21-26 % of probe packets stalled."""
-    short = check_rate(LINK, 1e9, 600e6, 1448, ceiling_bps=7.6e9, host_stalls=0.215)
+    short = check_rate(LINK, 1e9, 600e6, 1448, ceiling_bps=7.6e9, host_stalls=0.215, policy=HOST)
     assert short.verdict == U and "too busy to judge the rate" in short.why
-    assert check_rate(LINK, 1e9, 600e6, 1448, ceiling_bps=7.6e9, host_stalls=0.05).verdict == F  # a calm host
-    assert check_rate(LINK, 1e9, 960e6, 1448, host_stalls=0.3).verdict == P  # on target: judged anyway
-    assert check_rate(LINK, 1e8, 150e6, 1448, host_stalls=0.3).verdict == F  # too fast is never the host's doing
+    # a calm host
+    assert check_rate(LINK, 1e9, 600e6, 1448, ceiling_bps=7.6e9, host_stalls=0.05, policy=HOST).verdict == F
+    assert check_rate(LINK, 1e9, 960e6, 1448, host_stalls=0.3, policy=HOST).verdict == P  # on target: judged anyway
+    # too fast is never the host's doing
+    assert check_rate(LINK, 1e8, 150e6, 1448, host_stalls=0.3, policy=HOST).verdict == F

@@ -23,6 +23,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from squall.calibration.stalls import StallPolicy
 from squall.collectives import (
     CollectiveError,
     butterfly_allreduce,
@@ -217,7 +218,7 @@ TIMING_TOLERANCE = 2.0
     # model's alpha count (the fold's first hop may overlap the core's first step, so chain <= measured <= model).
     [("ring", 8, 8), ("halving_doubling", 4 + 1, 4 + 2), ("doubling", 2 + 1, 2 + 2)],
 )
-def test_latency_term_matches_the_cost_model(variant: str, chain: int, model: int) -> None:
+def test_latency_term_matches_the_cost_model(variant: str, chain: int, model: int, stall_policy: StallPolicy) -> None:
     """With a pure per-message latency alpha the time is the number of sequential hops times alpha."""
     alpha = 0.02
     fn, extra = VARIANTS[variant]
@@ -232,10 +233,11 @@ def test_latency_term_matches_the_cost_model(variant: str, chain: int, model: in
         elapsed = max(run_inproc(5, timed, latency=alpha))
         assert chain * alpha <= elapsed <= TIMING_TOLERANCE * model * alpha, f"{variant}: {elapsed:.3f} s"
 
-    retrying(measure, f"{variant}'s latency term")  # a host stall delays every hop: judged only on a clean attempt
+    # a host stall delays every hop: judged only on a clean attempt
+    retrying(measure, f"{variant}'s latency term", policy=stall_policy)
 
 
-def test_ring_chunks_pipeline_across_steps() -> None:
+def test_ring_chunks_pipeline_across_steps(stall_policy: StallPolicy) -> None:
     """Store-and-forward links (latency alpha + bytes/B per message): chunking cuts each hop to one chunk's time.
 
     n = 4, segments of 64 KiB, chunks of 8 KiB, alpha = 10 ms, B = 1.6 MB/s: one chunk takes 15 ms
@@ -257,4 +259,4 @@ def test_ring_chunks_pipeline_across_steps() -> None:
         elapsed = max(run_inproc(n, timed, latency=lambda s, d, nbytes: alpha + nbytes / bandwidth))
         assert pipelined <= elapsed <= TIMING_TOLERANCE * pipelined < unchunked, f"{elapsed:.3f} s"
 
-    retrying(measure, "the ring's pipelining")
+    retrying(measure, "the ring's pipelining", policy=stall_policy)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from squall.calibration.stalls import HOST
 from tests import kernel_clients as kc
 
 PING = """PING 172.30.0.3 (172.30.0.3) 56(84) bytes of data.
@@ -36,21 +37,21 @@ def test_parse_ping_takes_one_rtt_per_reply() -> None:
 def test_judge_ping_tolerance_is_the_larger_of_half_a_ms_and_5_percent(rtt_ms: float, expected_ms: float,
                                                                          verdict: str) -> None:
     rtts = [rtt_ms * 1e3 + d for d in (-50.0, 0.0, 50.0)] * 20
-    row = kc.judge_ping((0, 1), rtts, expected_ms * 1e3, 100.0, sent=60)
+    row = kc.judge_ping((0, 1), rtts, expected_ms * 1e3, 100.0, sent=60, policy=HOST)
     assert row.verdict == verdict, row.why
     assert row.metric == "ping_rtt" and row.link == (0, 1)
 
 
 def test_judge_ping_leaves_out_stalls_and_says_unknown_when_they_are_too_many() -> None:
     quiet = [40_100.0] * 90 + [55_000.0] * 10  # a few stalled replies do not move the verdict
-    assert kc.judge_ping((0, 1), quiet, 40_000.0, 100.0, sent=100).verdict == "passed"
+    assert kc.judge_ping((0, 1), quiet, 40_000.0, 100.0, sent=100, policy=HOST).verdict == "passed"
     busy = [40_100.0] * 60 + [48_000.0 + 100 * i for i in range(40)]
-    row = kc.judge_ping((0, 1), busy, 40_000.0, 100.0, sent=100)
+    row = kc.judge_ping((0, 1), busy, 40_000.0, 100.0, sent=100, policy=HOST)
     assert row.verdict == "unknown" and "too busy" in row.why
 
 
 def test_judge_ping_fails_when_most_pings_went_unanswered() -> None:
-    row = kc.judge_ping((2, 3), [60_000.0] * 10, 60_000.0, 0.0, sent=150)
+    row = kc.judge_ping((2, 3), [60_000.0] * 10, 60_000.0, 0.0, sent=150, policy=HOST)
     assert row.verdict == "failed" and "10 of 150" in row.why
 
 
