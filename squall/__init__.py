@@ -6,9 +6,11 @@ Host side: ``profiles``, ``shaping``, ``cluster``, ``calibration``, ``trace``, `
 ``experiment``, ``claims``, ``report``, ``cli``, ``pytest_plugin``. docs/architecture.md has the layers.
 
 ``from squall import log`` is for users' own programs run by ``squall run -- COMMAND``
-(:mod:`squall.record`): one call per step gives Squall the program's figures.
+(:mod:`squall.record`): one call per step gives Squall the program's figures; ``squall.fingerprint(model)``
+(:mod:`squall.fingerprint`) a short digest of its parameters to print at the end (``--agree``).
 """
 
+from squall.fingerprint import fingerprint
 from squall.record import log
 
-__all__ = ["log"]
+__all__ = ["fingerprint", "log"]

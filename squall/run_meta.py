@@ -23,6 +23,7 @@ STATES = {
     "killed": "its container was killed by the profile's churn",
     "lost": "its agent went away (the container died) without churn to explain it",
     "error": "could not be started",
+    "hung": "stopped by Squall: no rank printed a line and the links carried only a trickle (--hang-after)",
 }
 
 
@@ -52,7 +53,8 @@ class RankRun:
         """``rank 2 exited with exit code 1; last lines of its stderr: ...``."""
         what = {"exited": f"exited with {_code(self.exit_code)}", "error": "could not be started",
                 "lost": "was lost (its container went away)", "budget": "was still running at its budget",
-                "stopped": "was stopped after another rank failed", "killed": "was killed by churn"}[self.state]
+                "stopped": "was stopped after another rank failed", "killed": "was killed by churn",
+                "hung": "was stopped as hung"}[self.state]
         again = f" (restart {self.restart})" if self.restart else ""
         tail = " | ".join(self.stderr_tail[-5:])
         return f"rank {self.rank}{again} {what}" + (f"; last lines of its stderr: {tail}" if tail else "")
@@ -73,6 +75,113 @@ def _code(code: int | None) -> str:
     if code is None:
         return "no exit code"
     return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """Every thread's Python stack of one rank, taken with py-spy from the host (or why it could not be)."""
+
+    rank: int  # the rank (= node index)
+    restart: int  # which run of the rank (0: the first)
+    why: str  # "hung" (taken before the run was stopped as hung) or "budget" (still running at its end)
+    taken_s: float  # seconds after the run started
+    blocked_in: str  # the main thread's innermost frame, "function (file:line)"; "" when unknown
+    threads: int  # how many threads the dump shows
+    path: str  # the file holding the dump (the rank's results folder), "" when there is none
+    text: str  # py-spy's output
+    error: str = ""  # why there is no stack (py-spy missing, could not attach...); "" when there is one
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> RankStack:
+        return cls(int(row["rank"]), int(row.get("restart", 0)), str(row.get("why", "")),
+                   float(row.get("taken_s", 0.0)), str(row.get("blocked_in", "")), int(row.get("threads", 0)),
+                   str(row.get("path", "")), str(row.get("text", "")), str(row.get("error", "")))
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A run stopped because nothing moved: no rank printed a line, the links carried only a trickle."""
+
+    after_s: float  # the quiet it took (--hang-after)
+    trickle_bps: float  # bytes per second over all links that still count as quiet
+    quiet_since_s: float  # seconds after the start: the last line or the last traffic above the trickle
+    stopped_s: float  # seconds after the start: when the ranks were stopped
+    last_line_s: float | None  # seconds after the start of the last line any rank printed (None: no line)
+    last_rank: int | None  # the rank that printed it
+
+    def describe(self) -> str:
+        """``hung since 12.3 s (no line and under 1000 B/s on the links for 30 s); rank 2 printed last, at 12.1 s``."""
+        last = ("no rank printed a line" if self.last_rank is None
+                else f"rank {self.last_rank} printed last, at {self.last_line_s:.1f} s")
+        return (f"hung since {self.quiet_since_s:.1f} s (no line printed and under {self.trickle_bps:g} B/s on the "
+                f"links for {self.after_s:g} s; stopped at {self.stopped_s:.1f} s); {last}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Hang:
+        return cls(float(obj["after_s"]), float(obj["trickle_bps"]), float(obj["quiet_since_s"]),
+                   float(obj["stopped_s"]), obj.get("last_line_s"), obj.get("last_rank"))
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One fault a run went through and whether (and when) the ranks made progress again after it."""
+
+    kind: str  # kill, pause, link_down, partition, phase (loss or delay changed), ...
+    nodes: tuple[int, ...]  # the nodes it struck (every node for a phase or a partition)
+    at_s: float  # seconds after the start it began
+    end_s: float | None  # when it ended (a restart, resume, link_up, heal, the next phase); None: never
+    recovered_after_s: float | None  # from end_s until every surviving rank printed again; None: never did
+    progressed: bool = False  # every surviving rank printed a figure while the fault lasted
+    label: str = ""  # what the profile called it
+
+    @property
+    def outcome(self) -> str:
+        """``survived``, ``recovered after 3.2 s``, ``never recovered`` or ``lasted to the end``."""
+        if self.end_s is None:
+            return "lasted to the end"
+        if self.recovered_after_s is None:
+            return "never recovered"
+        if self.progressed:
+            return "survived"
+        return f"recovered after {self.recovered_after_s:.1f} s"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "nodes": list(self.nodes), "at_s": self.at_s, "end_s": self.end_s,
+                "recovered_after_s": self.recovered_after_s, "progressed": self.progressed, "label": self.label}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> FaultEvent:
+        return cls(str(row["kind"]), tuple(int(n) for n in row.get("nodes") or ()), float(row["at_s"]),
+                   row.get("end_s"), row.get("recovered_after_s"), bool(row.get("progressed", False)),
+                   str(row.get("label", "")))
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Whether every rank that finished ended with the same value of one figure (``--agree NAME``)."""
+
+    figure: str  # the figure's name
+    tolerance: float  # relative tolerance for numbers (0: equal); texts must be equal
+    values: tuple[tuple[int, float | str], ...]  # each finished rank's last value, by rank
+    odd: tuple[int, ...]  # ranks outside the majority (empty when they agree)
+    passed: bool | None  # True: agree; False: disagree; None: no rank printed the figure
+    why: str  # one line
+
+    def to_json(self) -> dict[str, Any]:
+        return {"figure": self.figure, "tolerance": self.tolerance, "values": [[r, v] for r, v in self.values],
+                "odd": list(self.odd), "passed": self.passed, "why": self.why}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Agreement:
+        return cls(str(row["figure"]), float(row.get("tolerance", 0.0)),
+                   tuple((int(r), v) for r, v in row.get("values") or ()), tuple(int(r) for r in row.get("odd") or ()),
+                   row.get("passed"), str(row.get("why", "")))
 
 
 @dataclass(frozen=True)
@@ -148,6 +257,10 @@ class RunMeta:
     bytes_source: str = "application"  # who counted the records' bytes_sent: the application or the kernel
     segments: Mapping[str, Any] | None = None  # a traced profile's per-segment calibration, when judged
     program: ProgramMeta | None = None  # what only a program's run has
+    hang: Hang | None = None  # set when the run was stopped as hung (--hang-after)
+    stacks: tuple[RankStack, ...] = ()  # ranks' stacks: at a hang, or still running at the end of the budget
+    faults: tuple[FaultEvent, ...] = ()  # every fault the run went through, with the recovery after it
+    agreement: tuple[Agreement, ...] = ()  # each --agree figure's outcome
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know (kept, not read)
 
     def to_json(self) -> dict[str, Any]:
@@ -159,8 +272,10 @@ class RunMeta:
             value = getattr(self, f.name)
             if f.name == "links":
                 value = [link.to_json() for link in value]
-            elif f.name == "program":
+            elif f.name in ("program", "hang"):
                 value = value.to_json() if value is not None else None
+            elif f.name in ("stacks", "faults", "agreement"):
+                value = [row.to_json() for row in value]
             elif isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
@@ -181,6 +296,10 @@ class RunMeta:
                 values[name] = tuple(LinkCount.from_json(row) for row in raw or [])
             elif name == "program":
                 values[name] = ProgramMeta.from_json(raw) if isinstance(raw, Mapping) else None
+            elif name == "hang":
+                values[name] = Hang.from_json(raw) if isinstance(raw, Mapping) else None
+            elif name in _ROWS:
+                values[name] = tuple(_ROWS[name](row) for row in raw or () if isinstance(row, Mapping))
             elif name in ("failures", "timeline_lateness_s", "placement", "summaries"):
                 values[name] = tuple(raw or ())
             elif name == "rejoined":
@@ -188,6 +307,11 @@ class RunMeta:
             else:
                 values[name] = raw
         return cls(**values, extra={k: v for k, v in obj.items() if k not in known})
+
+    def stack(self, rank: int) -> RankStack | None:
+        """The last stack taken of ``rank`` (None when none was)."""
+        mine = [s for s in self.stacks if s.rank == rank]
+        return mine[-1] if mine else None
 
     def sent(self, workers: int) -> list[int]:
         """Bytes each node sent over the whole run (the sum of its outgoing links), counted in the kernel."""
@@ -204,3 +328,7 @@ class RunMeta:
             if 0 <= link.dst < workers:
                 out[link.dst] += link.bytes
         return out
+
+
+_ROWS: dict[str, Any] = {"stacks": RankStack.from_json, "faults": FaultEvent.from_json,
+                         "agreement": Agreement.from_json}

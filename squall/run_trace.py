@@ -36,6 +36,7 @@ class StepRecord:
     param_hash: str = ""  # hash of the parameter bytes
     norm: float | None = None  # parameter norm
     extra: Mapping[str, float] = field(default_factory=dict)  # every other numeric field (step_s, drop_rate...)
+    texts: Mapping[str, str] = field(default_factory=dict)  # short text figures (a parameter fingerprint)
 
     def figure(self, name: str) -> float | None:
         """The figure ``name``: a named field of the record (:data:`NAMED_FIGURES`), else one of its extras."""
@@ -43,6 +44,15 @@ class StepRecord:
             value: float | None = getattr(self, name)
             return value
         return self.extra.get(name)
+
+    def value(self, name: str) -> float | str | None:
+        """The figure ``name`` as a number, else as text (a text figure, or ``param_hash``); None when absent."""
+        number = self.figure(name)
+        if number is not None:
+            return number
+        if name == "param_hash":
+            return self.param_hash or None
+        return self.texts.get(name)
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,8 @@ RECORD_FIELDS = ("step", "wall", "loss", "eval_loss", "accuracy", "bytes_sent", 
 
 
 #: Fields that are not a step's extra figures: the named ones and the job writer's clock.
-_NOT_EXTRA = frozenset({*RECORD_FIELDS, "t", "rank", "event"})
+_NOT_EXTRA = frozenset({*RECORD_FIELDS, "t", "rank", "event", "source"})
+MAX_TEXT = 200  # characters of a text figure kept (squall.programs.lines.MAX_STRING)
 
 
 def _step(rec: Mapping[str, Any]) -> int | None:
@@ -114,12 +125,13 @@ def step_records(worker: int, records: Iterable[Mapping[str, Any]], start_wall: 
             continue
         proj = rec.get("projection")
         extra = {k: n for k, v in rec.items() if k not in _NOT_EXTRA and (n := _num(v)) is not None}
+        texts = {k: v for k, v in rec.items() if k not in _NOT_EXTRA and isinstance(v, str) and len(v) <= MAX_TEXT}
         out.append(StepRecord(
             worker=worker, step=step, t=wall - start_wall, loss=_num(rec.get("loss")),
             eval_loss=_num(rec.get("eval_loss")), accuracy=_num(rec.get("accuracy")),
             bytes_sent=int(rec.get("bytes_sent") or 0),
             projection=tuple(float(v) for v in proj) if isinstance(proj, list) else (),
-            param_hash=str(rec.get("param_hash") or ""), norm=_num(rec.get("norm")), extra=extra,
+            param_hash=str(rec.get("param_hash") or ""), norm=_num(rec.get("norm")), extra=extra, texts=texts,
         ))
     return out
 
@@ -180,7 +192,8 @@ def trace_to_json(trace: RunTrace) -> dict[str, Any]:
         "backend": trace.backend, "survivors": list(trace.survivors), "meta": trace.meta.to_json(),
         "churn": [[c.t, c.kind, list(c.nodes)] for c in trace.churn],
         "records": [[r.worker, r.step, r.t, r.loss, r.eval_loss, r.accuracy, r.bytes_sent, list(r.projection),
-                     r.param_hash, r.norm, dict(r.extra)] for r in trace.records],
+                     r.param_hash, r.norm, dict(r.extra), *([dict(r.texts)] if r.texts else [])]
+                    for r in trace.records],
     }
 
 
@@ -188,7 +201,7 @@ def trace_from_json(obj: Mapping[str, Any]) -> RunTrace:
     """A trace from :func:`trace_to_json` output."""
     records = tuple(StepRecord(worker=int(w), step=int(s), t=float(t), loss=loss, eval_loss=ev, accuracy=acc,
                                bytes_sent=int(b), projection=tuple(proj), param_hash=str(h), norm=norm,
-                               extra=dict(rest[0]) if rest else {})
+                               extra=dict(rest[0]) if rest else {}, texts=dict(rest[1]) if len(rest) > 1 else {})
                     for w, s, t, loss, ev, acc, b, proj, h, norm, *rest in obj["records"])
     churn = tuple(ChurnMark(float(t), str(k), tuple(n)) for t, k, n in obj.get("churn", []))
     return RunTrace(protocol=obj["protocol"], profile=obj["profile"], workers=int(obj["workers"]),

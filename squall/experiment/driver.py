@@ -5,14 +5,17 @@ Whatever a cell runs, the same steps happen in the same order, here and nowhere 
 1. the link timeline: the profile's phases, traces and link churn (or a recorded timeline, for a
    replay) planned ahead and sent in place where the shaper can, else reshaped by the timeline thread;
 2. the workload starts on every node (:meth:`Workload.begin`), the kernel's per-link counters are read
-   every :data:`SAMPLE_S` seconds, the live display watches the metrics files, and node churn (kill,
-   pause, restart) runs on the run's clock, telling the workload before a kill and after a restart;
+   every :data:`SAMPLE_S` seconds, the live display watches the metrics files, node churn (kill,
+   pause, restart) runs on the run's clock, telling the workload before a kill and after a restart,
+   and the hang watch (:mod:`.hangs`) stops a run in which no rank printed a line and the links carried
+   only a trickle for the cell's ``hang_after_s``, every rank's stack taken first;
 3. the workload's ranks end (:meth:`Workload.wait`); the links' last counts are read;
 4. the shaper is checked (a daemon that died means no shaping: :class:`ExperimentError`), so is the
    churn; the workload's records are collected (:meth:`Workload.end`); every node is brought back for
    the next cell;
 5. one :class:`~squall.run_trace.RunTrace` with the metadata every cell carries (timeline as realised,
-   lateness, placement, engine, failures) and what only this workload has.
+   lateness, placement, engine, failures, the hang and the stacks, every fault with the recovery after it,
+   each ``--agree`` figure's outcome) and what only this workload has.
 
 :class:`Workload` is the only thing a protocol and a program do differently.
 """
@@ -29,8 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from squall.checks.agreement import Agree, agreements
+from squall.checks.recovery import fault_events
 from squall.cluster.backend import ClusterBackend
 from squall.cluster.errors import ClusterError, JobError
+from squall.cluster.spec import LOCAL
+from squall.experiment.hangs import HangWatch, Running, default_after
 from squall.experiment.realised import change_records, churn_records, replayed
 from squall.experiment.timeline import Action, TimelineRunner, plan_timeline
 from squall.profiles import Profile
@@ -62,12 +69,19 @@ class Ended:
     failures: list[str]  # one line per failed run of a rank
     rejoined: list[int]  # nodes whose job was started again after a restart
     meta: RunMeta = field(default_factory=RunMeta)  # what only this workload records (the driver adds the rest)
+    finished: tuple[int, ...] | None = None  # ranks that finished their work (--agree compares them); None: survivors
+    at_budget: tuple[int, ...] | None = None  # ranks still running at the budget (their stacks kept); None: all
 
 
 class Workload(Protocol):
     """A cell's work on every node: started, told of churn, waited for, collected."""
 
     label: str  # in messages: the protocol's or the program's name
+    depth: int  # where a rank's process is below its container's agent: 1 the job, 2 the job's child (a program)
+
+    @property
+    def budget_dump_at_s(self) -> float | None:
+        """Seconds after the start to take the stacks of the ranks still running; None: never."""
 
     def begin(self, cluster: ClusterBackend, start: float) -> list[Path]:
         """Start every rank (``start`` is the run's ``time.monotonic()`` t = 0); the metrics files to watch."""
@@ -83,6 +97,15 @@ class Workload(Protocol):
 
     def end(self, counters: CounterSampler) -> Ended:
         """Collect the ranks' records and runs; :class:`ExperimentError` when the cell has nothing to show."""
+
+    def lines(self) -> list[tuple[int, Path]]:
+        """(rank, file) of every running rank: a file that grows means the rank printed a line."""
+
+    def running(self) -> list[Running]:
+        """The ranks running now (their stacks are taken at a hang)."""
+
+    def stop(self) -> None:
+        """Stop every rank now: the run is hung (the runs end as ``hung``)."""
 
 
 # -- counters -----------------------------------------------------------------------------------------
@@ -124,6 +147,10 @@ class CounterSampler:
             except Exception as exc:  # a reading that failed is a gap in the series, not a failed run
                 logger.debug("reading the link counters failed: %s", exc)
                 self.errors.append(str(exc))
+
+    def totals(self) -> list[tuple[float, int]]:
+        """(wall, bytes over every link) of each reading so far."""
+        return [(w, sum(c.bytes for c in counts.links.values())) for w, counts in list(self.samples)]
 
     def sent_at(self, rank: int) -> Callable[[float], int]:
         """A function ``wall -> bytes rank had sent`` interpolated between the readings."""
@@ -238,6 +265,8 @@ class Cell:
     seed: int
     budget_steps: int | None = None  # shown by the live display
     replay: Mapping[str, Any] | None = None  # a recorded timeline to run instead of the profile's
+    hang_after_s: float | None = None  # stop the run as hung after this long without progress; None: the default
+    agree: tuple[Agree, ...] = ()  # figures every finished rank must end with (--agree)
 
 
 @dataclass(frozen=True)
@@ -270,7 +299,8 @@ def drive(cell: Cell, workload: Workload) -> Driven:
             files = workload.begin(cluster, start)
             cell.progress.stage("training", what)
             with cell.progress.watching(files, budget_s=cell.seconds, budget_steps=cell.budget_steps), \
-                    TimelineRunner(plan.actions(changes is not None), do, start=start) as timeline:
+                    TimelineRunner(plan.actions(changes is not None), do, start=start) as timeline, \
+                    _watch(cell, workload, counters, start_wall) as watch:
                 workload.wait()
             time.sleep(SETTLE_S)
             final = counters.read()
@@ -293,14 +323,34 @@ def drive(cell: Cell, workload: Workload) -> Driven:
     lateness = [c["lateness_s"] for c in realised["changes"][1:]] + [t - a.at_s for a, t in timeline.done
                                                                      if a.kind != "reshape"]
     n = len(cluster.nodes)
+    stacks = tuple(s for s in watch.stacks if s.why != "budget" or ended.at_budget is None or s.rank in ended.at_budget)
     meta = dataclasses.replace(
         ended.meta, budget_s=ended.meta.budget_s if ended.meta.budget_s is not None else cell.seconds,
         failures=tuple(ended.failures), timeline_lateness_s=tuple(lateness), timeline=realised,
         profile_source=profile.source, seed=cell.seed, rejoined=tuple(ended.rejoined), engine=cluster.engine,
         placement=tuple(cluster.placement().get(i, "?") for i in range(n)), clock_offsets_s=cluster.clock_offsets(),
-        links=tuple(LinkCount(s, d, c.bytes, c.packets, c.dropped) for (s, d), c in sorted(final.links.items())))
+        links=tuple(LinkCount(s, d, c.bytes, c.packets, c.dropped) for (s, d), c in sorted(final.links.items())),
+        hang=watch.hang, stacks=stacks)
     trace = build_trace(protocol=workload.label, profile=profile.name, seed=cell.seed, backend=shaper.backend,
                         per_worker=ended.per_worker, start_wall=start_wall, churn=timeline.marks,
                         survivors=ended.survivors, meta=meta)
+    finished = ended.finished if ended.finished is not None else tuple(ended.survivors)
+    trace = dataclasses.replace(trace, meta=dataclasses.replace(
+        trace.meta, faults=fault_events(trace), agreement=agreements(trace, cell.agree, finished)))
     return Driven(trace, final, ended)
+
+
+def _watch(cell: Cell, workload: Workload, counters: CounterSampler, start_wall: float) -> HangWatch:
+    """The cell's hang watch (:mod:`.hangs`): its threshold, the workload's files and ranks, the counters."""
+    cluster = cell.cluster
+
+    def pid_of(rank: int) -> int:
+        if cluster.engine != LOCAL:
+            raise ExperimentError(f"stacks are taken on the local engine only, not {cluster.engine!r}")
+        return cluster.nodes[rank].pid
+
+    after = cell.hang_after_s if cell.hang_after_s is not None else default_after(cell.seconds)
+    return HangWatch(after_s=after, start_wall=start_wall, lines=workload.lines, bytes_seen=counters.totals,
+                     running=workload.running, pid_of=pid_of, depth=workload.depth, stop=workload.stop,
+                     budget_dump_at_s=workload.budget_dump_at_s)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from squall.checks.agreement import PROTOCOL_FIGURES, Agree, check_names
 from squall.cluster import ClusterError, ClusterSpec, Mount
 from squall.cluster.backend import ClusterBackend, open_cluster
 from squall.cluster.cluster import SRC_MOUNT, JobHandle
@@ -28,6 +29,7 @@ from squall.cluster.image import REPO_ROOT as SQUALL_ROOT
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import default_engine
 from squall.experiment.driver import Cell, CounterSampler, Ended, ExperimentError, act, drive, recover
+from squall.experiment.hangs import BUDGET_LATE_S, Running
 from squall.experiment.timeline import Action
 from squall.profiles import load_profile
 from squall.progress import Observer, Quiet
@@ -63,6 +65,8 @@ class RunSpec:
     batch_size: int = 32  # per-worker batch
     config: Mapping[str, Any] = field(default_factory=dict)  # further job config (e.g. ballast_mb, eval_every)
     replay: Mapping[str, Any] | None = None  # a recorded timeline (meta["timeline"]) to run instead of the profile's
+    hang_after: float | None = None  # stop as hung after this long without progress (None: hangs.default_after)
+    agree: tuple[Agree, ...] = ()  # record fields every surviving node must end with (also given as "NAME~TOL")
 
     def __post_init__(self) -> None:
         if self.steps is None and self.seconds is None:
@@ -73,6 +77,11 @@ class RunSpec:
             raise ValueError(f"seconds must be > 0, got {self.seconds}")
         lookup(self.protocol)  # unknown protocol: KeyError naming the known ones
         object.__setattr__(self, "target", Target.of(self.target))  # a malformed one: TargetError
+        if self.hang_after is not None and (isinstance(self.hang_after, bool) or self.hang_after <= 0):
+            raise ValueError(f"hang_after must be a number of seconds > 0, got {self.hang_after!r}")
+        agree = tuple(a if isinstance(a, Agree) else Agree.parse(a) for a in self.agree)
+        check_names(agree, PROTOCOL_FIGURES, flag="agree", what="a protocol's records")  # AgreeError (ValueError)
+        object.__setattr__(self, "agree", agree)
 
 
 def device_config(profile_device: Mapping[str, Any], spec: RunSpec) -> dict[str, Any]:
@@ -176,6 +185,7 @@ class Lab:
                     for i in range(self.workers)}
         workload = ProtocolWorkload(spec, proto.entry, self._config(spec, proto.config), per_node,
                                     rejoins=proto.rejoins, duration=cell.seconds)
+        cell = dataclasses.replace(cell, hang_after_s=spec.hang_after, agree=spec.agree)
         return drive(cell, workload).trace
 
     def mount_of(self, folder: str) -> str:
@@ -244,6 +254,36 @@ class ProtocolWorkload:
         self._results: list[JobResult] = []
         self._later: list[JobHandle] = []
         self._lock = threading.Lock()
+        self.stopped = False  # stopped as hung (hangs.HangWatch): an end without survivors is still a result
+
+    depth = 1  # a rank is the job process the agent forked
+
+    @property
+    def budget_dump_at_s(self) -> float:
+        """A protocol ends at its budget by itself: the nodes still running shortly after it are dumped."""
+        return self.duration + BUDGET_LATE_S
+
+    def _handles(self) -> list[JobHandle]:
+        with self._lock:
+            return [h for h in [self._first, *self._later] if h is not None]
+
+    def lines(self) -> list[tuple[int, Path]]:
+        """Each node's metrics file of its latest job (a record per step)."""
+        if self._cluster is None:
+            return []
+        latest = {node: h.job_id for h in self._handles() for node in h.nodes}
+        return [(node, self._cluster.nodes[node].run_dir / "jobs" / job / "metrics.jsonl")
+                for node, job in sorted(latest.items())]
+
+    def running(self) -> list[Running]:
+        """Every node (a node whose job ended has no process to dump: it says so)."""
+        return [Running(node, 0, None) for node in range(len(self._cluster.nodes))] if self._cluster else []
+
+    def stop(self) -> None:
+        """Cancel the job on every node."""
+        self.stopped = True
+        for handle in self._handles():
+            handle.cancel()
 
     def begin(self, cluster: ClusterBackend, start: float) -> list[Path]:
         self._cluster, self.start_time = cluster, start
@@ -281,7 +321,7 @@ class ProtocolWorkload:
         results = [runs[-1] for runs in lives]  # each node's last run says whether it survived
         survivors = [r.node for r in results if r.ok]
         spec = self.spec
-        if not survivors:
+        if not survivors and not self.stopped:
             down = _all_down(self._cluster) if self._cluster is not None else ""
             raise ExperimentError(f"{spec.protocol} on {spec.profile} failed on every node{down}:\n  "
                                   + "\n  ".join(r.describe() for r in results))

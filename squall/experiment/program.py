@@ -23,6 +23,7 @@ has, :mod:`squall.programs.result`) and every rank's runs, for :func:`squall.pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import shutil
@@ -38,6 +39,7 @@ from squall.cluster.cluster import JobHandle
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
+from squall.experiment.hangs import BUDGET_DUMP_BEFORE_S, Running
 from squall.experiment.lab import Lab
 from squall.experiment.timeline import Action
 from squall.programs.spec import ProgramSpec
@@ -80,6 +82,7 @@ class _Supervisor:
         self.current: dict[int, tuple[int, JobHandle]] = {}  # rank -> (restart number, handle) running now
         self.killed: set[tuple[int, int]] = set()  # (rank, restart) runs churn killed: their loss is no failure
         self.stopping = False  # a rank failed: the others are being stopped, no restart any more
+        self.hung = False  # the run was stopped as hung: the stopped runs end as "hung"
         self.failed_at: float | None = None
         self._done: queue.Queue[tuple[int, int, JobResult | BaseException]] = queue.Queue()
         self._lock = threading.Lock()
@@ -166,8 +169,9 @@ class _Supervisor:
         duration = info.get("duration_s", result.duration_s)
         if result.state == "done" and info.get("state") in ("exited", "budget", "error"):
             return RankRun(rank, restart, str(info["state"]), info.get("exit_code"), duration, tail, logs, ended)
-        if self.stopping:  # cancelled by the run: another rank failed, or the run was interrupted
-            return RankRun(rank, restart, "stopped", result.exit_code, duration, tail, logs, ended)
+        if self.stopping:  # cancelled by the run: another rank failed, the run hung, or it was interrupted
+            return RankRun(rank, restart, "hung" if self.hung else "stopped", result.exit_code, duration, tail, logs,
+                           ended)
         if (rank, restart) in self.killed:
             return RankRun(rank, restart, "killed", None, duration, tail, logs, ended)
         if result.state == "done":  # the runner died before it wrote its summary
@@ -177,9 +181,13 @@ class _Supervisor:
             return RankRun(rank, restart, "budget", info.get("exit_code"), duration, tail, logs, ended)
         return RankRun(rank, restart, "lost", None, duration, tail or (result.describe(),), logs, ended)
 
+    def folder(self, rank: int, restart: int) -> Path:
+        """The results folder of one run of a rank (``rank2``, ``rank2-restart1``)."""
+        return self.logs / (f"rank{rank}" if restart == 0 else f"rank{rank}-restart{restart}")
+
     def _keep(self, rank: int, restart: int, out_dir: Path) -> str:
         """Copy the run's files out of the cluster's directory (removed at teardown); the copy's folder."""
-        dest = self.logs / (f"rank{rank}" if restart == 0 else f"rank{rank}-restart{restart}")
+        dest = self.folder(rank, restart)
         dest.mkdir(parents=True, exist_ok=True)
         for name in LOG_FILES:
             with contextlib.suppress(OSError):
@@ -217,9 +225,14 @@ def program_image(program: ProgramSpec) -> str | None:
 class ProgramWorkload:
     """A user's program, one rank per node, for :func:`~squall.experiment.driver.drive` (see the module)."""
 
+    depth = 2  # the program is the child of the command job (its runner)
+
     def __init__(self, program: ProgramSpec, config: Mapping[str, Any], *, seed: int, seconds: float,
                  logs: Path) -> None:
         self.label = program.name
+        # the runner stops a rank at its budget: the host takes the stacks of those still running just before
+        self.budget_dump_at_s: float | None = seconds - BUDGET_DUMP_BEFORE_S if seconds > 2 * BUDGET_DUMP_BEFORE_S \
+            else None
         self.program = program
         self.config = dict(config)
         self.seed = seed
@@ -250,6 +263,30 @@ class ProgramWorkload:
         if self.supervisor is not None:
             self.supervisor.wait()
 
+    def lines(self) -> list[tuple[int, Path]]:
+        """Each running rank's stdout and stderr files (in the node's job folder)."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return []
+        with supervisor._lock:
+            current = [(rank, handle.job_id) for rank, (_, handle) in supervisor.current.items()]
+        nodes = supervisor.cluster.nodes
+        return [(rank, nodes[rank].run_dir / "jobs" / job / name) for rank, job in current
+                for name in ("stdout.txt", "stderr.txt")]
+
+    def running(self) -> list[Running]:
+        supervisor = self.supervisor
+        if supervisor is None:
+            return []
+        with supervisor._lock:
+            current = [(rank, restart) for rank, (restart, _) in supervisor.current.items()]
+        return [Running(rank, restart, supervisor.folder(rank, restart)) for rank, restart in sorted(current)]
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.hung = True
+            self.supervisor.stop_all()
+
     def end(self, counters: CounterSampler) -> Ended:
         """Each rank's figures with the kernel's bytes its rank had sent when the line was read."""
         supervisor = self.supervisor
@@ -272,21 +309,28 @@ class ProgramWorkload:
                               counter_errors=tuple(counters.errors[:5]))
         meta = RunMeta(program=program, bytes_source="kernel (the shaping backend's per-link counters)")
         self.runs = runs
+        finished = tuple(r for r in range(n) if r in last and last[r].state == "exited" and last[r].exit_code == 0)
+        at_budget = tuple(r for r in range(n) if r in last and last[r].state == "budget")
         return Ended(per_worker=per_rank, survivors=survivors, failures=[r.describe() for r in runs if r.failed],
-                     rejoined=sorted({r.rank for r in runs if r.restart}), meta=meta)
+                     rejoined=sorted({r.rank for r in runs if r.restart}), meta=meta, finished=finished,
+                     at_budget=at_budget)
 
 
 def run_program(lab: Lab, program: ProgramSpec, profile_name: str, *, seconds: float, seed: int = 0,
-                logs: Path, replay: Mapping[str, Any] | None = None, folder: str | None = None) -> ProgramRun:
+                logs: Path, replay: Mapping[str, Any] | None = None, folder: str | None = None,
+                hang_after: float | None = None) -> ProgramRun:
     """Run ``program`` on ``lab``'s cluster shaped as ``profile_name`` for at most ``seconds`` (see the module).
 
     :param folder: the host folder the lab mounts for it (its snapshot); default ``program.workdir``.
+    :param hang_after: stop it as hung after this many seconds without progress (None: the default).
     """
     _ready(lab)
     mount = lab.mount_of(folder or program.workdir)
-    cell = lab.cell(profile_name, seconds=seconds, seed=seed, replay=replay)
+    cell = dataclasses.replace(lab.cell(profile_name, seconds=seconds, seed=seed, replay=replay),
+                               hang_after_s=hang_after, agree=program.agree)
     config = {"argv": list(program.argv), "workdir": mount, "master_port": lab.next_port(),
               "metrics": {p.name: p.regex for p in program.metrics},
+              "texts": [a.name for a in program.agree if a.name in program.metric_names],
               "env": {**dict(program.env), "SQUALL_SEED": str(seed)}}
     workload = ProgramWorkload(program, config, seed=seed, seconds=seconds, logs=logs)
     driven = drive(cell, workload)

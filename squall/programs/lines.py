@@ -44,6 +44,7 @@ class MetricPattern:
 
     name: str  # the figure's name, e.g. "loss"
     regex: str  # the pattern, searched anywhere in the line
+    text: bool = False  # keep a figure that is not a number as a short string (a parameter fingerprint)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -72,8 +73,9 @@ class MetricPattern:
         """The compiled pattern (cached by :mod:`re`)."""
         return re.compile(self.regex)
 
-    def match(self, line: str) -> tuple[float, int | None] | None:
-        """``(figure, step or None)`` when ``line`` carries this metric and its figure is a finite number."""
+    def match(self, line: str) -> tuple[float | str, int | None] | None:
+        """``(figure, step or None)`` when ``line`` carries this metric and its figure is a finite number (or,
+        for a :attr:`text` pattern, any non-empty string of at most :data:`MAX_STRING` characters)."""
         m = self.compiled.search(line)
         if m is None:
             return None
@@ -83,7 +85,9 @@ class MetricPattern:
         else:
             unnamed = [i for i in range(1, m.re.groups + 1) if i not in groups.values()]
             raw = m.group(unnamed[0]) if unnamed else m.group(0)
-        value = _number(raw)
+        value: float | str | None = _number(raw)
+        if value is None and self.text and raw is not None and 0 < len(raw.strip()) <= MAX_STRING:
+            value = raw.strip()
         if value is None:
             return None
         step = _integer(m.group("step")) if "step" in groups else None
@@ -102,11 +106,19 @@ def parse_patterns(texts: Iterable[str]) -> tuple[MetricPattern, ...]:
     return patterns
 
 
-def patterns_from_json(obj: Any) -> tuple[MetricPattern, ...]:
-    """Patterns from the ``{name: regex}`` mapping a job config carries."""
+def patterns_from_json(obj: Any, texts: Any = ()) -> tuple[MetricPattern, ...]:
+    """Patterns from the ``{name: regex}`` mapping a job config carries; ``texts`` names those that keep text."""
     if not isinstance(obj, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
         raise LineError(f"metrics must map names to regular expressions, got {obj!r:.200}")
-    return parse_patterns(f"{k}={v}" for k, v in obj.items())
+    if not isinstance(texts, list | tuple) or not all(isinstance(t, str) for t in texts):
+        raise LineError(f"texts must be a list of metric names, got {texts!r:.200}")
+    return with_texts(parse_patterns(f"{k}={v}" for k, v in obj.items()), texts)
+
+
+def with_texts(patterns: Sequence[MetricPattern], names: Iterable[str]) -> tuple[MetricPattern, ...]:
+    """``patterns`` with those named in ``names`` keeping text figures (the figures ``--agree`` compares)."""
+    wanted = set(names)
+    return tuple(MetricPattern(p.name, p.regex, p.name in wanted) for p in patterns)
 
 
 def _number(raw: str | None) -> float | None:
@@ -132,14 +144,14 @@ def _integer(raw: str | None) -> int | None:
 class LineFigures:
     """What one stdout line said: figures by name, and the step when the line named one."""
 
-    figures: Mapping[str, float]
-    step: int | None = None
+    figures: Mapping[str, float | str]  # by name: a number, or a text pattern's string
+    step: int | None = None  # the step the line named
 
 
 def match_line(line: str, patterns: Sequence[MetricPattern]) -> LineFigures | None:
     """The figures of every pattern that matches ``line`` (None when none does)."""
     line = line[:MAX_LINE]
-    figures: dict[str, float] = {}
+    figures: dict[str, float | str] = {}
     step: int | None = None
     for pattern in patterns:
         hit = pattern.match(line)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from squall.checks.agreement import Agree, AgreeError, check_names
 from squall.programs.lines import LineError, MetricPattern, parse_patterns
 from squall.target import Target, TargetError
 
 #: Keys of a ``programs:`` entry (and of the marker's program arguments).
-KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env", "exclude")
+KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env", "exclude", "agree")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Environment a program may not set: the runner's own (torchrun's and Squall's).
@@ -45,6 +46,7 @@ class ProgramSpec:
     requirements_source: str = ""  # where they came from (a file, --pip), for messages
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment of every rank
     excludes: tuple[str, ...] = ()  # glob patterns of files the folder's snapshot leaves out (programs.snapshot)
+    agree: tuple[Agree, ...] = ()  # figures every rank that finished must end with (--agree)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -56,7 +58,7 @@ class ProgramSpec:
         return {"name": self.name, "command": list(self.argv), "workdir": self.workdir,
                 "metrics": {p.name: p.regex for p in self.metrics},
                 "target": str(self.target) if self.target else None, "requirements": list(self.requirements),
-                "env": dict(self.env), "exclude": list(self.excludes)}
+                "env": dict(self.env), "exclude": list(self.excludes), "agree": [str(a) for a in self.agree]}
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -146,6 +148,20 @@ def _excludes(value: Any, flag: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def agree_specs(values: Any, patterns: Sequence[MetricPattern], flag: str) -> tuple[Agree, ...]:
+    """``--agree`` values: each a --metric name (or ``log:NAME``), with an optional ``~TOLERANCE``."""
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+        raise ProgramError(f"{flag}: expected figure names such as 'params' or 'loss~1e-6', got {values!r:.120}")
+    try:
+        agree = tuple(Agree.parse(v) for v in values)
+        check_names(agree, [p.name for p in patterns], flag=flag, what="the command's --metric patterns")
+    except AgreeError as exc:
+        raise ProgramError(str(exc) if str(exc).startswith(flag) else f"{flag}: {exc}") from None
+    return agree
+
+
 def _check_name(name: str, flag: str) -> str:
     if not _NAME.match(name):
         raise ProgramError(f"{flag}: {name!r}: allowed: letters, digits, '_', '.', '-', at most 40, "
@@ -155,7 +171,8 @@ def _check_name(name: str, flag: str) -> str:
 
 def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), target: str | None = None,
                       workdir: str | None = None, requirements: str | None = None, pip: Sequence[str] = (),
-                      name: str | None = None, cwd: Path | None = None, exclude: Sequence[str] = ()) -> ProgramSpec:
+                      name: str | None = None, cwd: Path | None = None, exclude: Sequence[str] = (),
+                      agree: Sequence[str] = ()) -> ProgramSpec:
     """The program of ``squall run ... -- COMMAND`` (errors name the flag)."""
     base = cwd or Path(os.getcwd())
     argv = _argv(list(command), "the command after --")
@@ -171,7 +188,8 @@ def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), ta
     folder = _workdir(workdir, base=base, flag="--workdir")
     return ProgramSpec(argv=argv, name=_check_name(name or default_name(argv), "--name"),
                        workdir=folder, metrics=patterns, target=goal,
-                       requirements=lines, requirements_source=source, excludes=_excludes(exclude, "--exclude"))
+                       requirements=lines, requirements_source=source, excludes=_excludes(exclude, "--exclude"),
+                       agree=agree_specs(list(agree), patterns, "--agree"))
 
 
 def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> ProgramSpec:
@@ -225,4 +243,5 @@ def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> 
                        workdir=folder, metrics=patterns,
                        target=goal, requirements=lines, requirements_source=req_source,
                        env=_env(raw.get("env") or {}, f"{source}: env"),
-                       excludes=_excludes(exclude, f"{source}: exclude"))
+                       excludes=_excludes(exclude, f"{source}: exclude"),
+                       agree=agree_specs(raw.get("agree") or [], patterns, f"{source}: agree"))

@@ -7,6 +7,7 @@ Config (every key from the host, :mod:`squall.experiment.program`):
 * ``workdir`` (str): its current directory (the user's folder, mounted read-only);
 * ``master_port`` (int): torch.distributed's rendezvous port on rank 0;
 * ``metrics`` ({name: regex}): figures read from stdout lines (:mod:`squall.programs.lines`);
+* ``texts`` (list of names): the metrics whose figure is kept as text when it is not a number;
 * ``seconds`` (number): hard budget: at its end the program gets SIGTERM, and SIGKILL
   :data:`KILL_AFTER_S` later;
 * ``restart`` (int): how many times this rank was started before (``TORCHELASTIC_RESTART_COUNT``);
@@ -109,7 +110,7 @@ class CommandConfig:
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise CommandError(f"config workdir must be an absolute path, got {workdir!r}")
         try:
-            metrics = patterns_from_json(config.get("metrics", {}))
+            metrics = patterns_from_json(config.get("metrics", {}), config.get("texts", []))
         except LineError as exc:
             raise CommandError(f"config metrics: {exc}") from None
         return cls(tuple(argv), workdir, port, metrics, float(seconds) if seconds is not None else None, restart, env)

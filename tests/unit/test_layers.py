@@ -46,7 +46,7 @@ WORKER_BASE = {"wire", "transport", "job interface", "training"}
 
 #: Bottom to top. "protocol folders" is filled with every folder that has a protocol.py.
 LAYERS: tuple[Layer, ...] = (
-    _layer("package root", "worker", {"squall", "squall.record"}),
+    _layer("package root", "worker", {"squall", "squall.record", "squall.fingerprint"}),
     # The one target (figure, direction, value): plain data both sides share; every layer may use it.
     _layer("target", "worker", {"squall.target"}),
     _layer("wire", "worker", {"squall.wire"}),
@@ -78,8 +78,8 @@ LAYERS: tuple[Layer, ...] = (
     _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles", "programs"}),
     _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
     _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised", "squall.experiment.program",
-                                  "squall.experiment.driver"},
-           {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs"}),
+                                  "squall.experiment.driver", "squall.experiment.hangs"},
+           {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs", "checks"}),
     _layer("claims", "host", {"squall.claims", "squall.experiment.runner", "squall.experiment.fidelity",
                               "squall.experiment.replay", "squall.experiment.session", "squall.experiment.comparison"},
            {"checks", "trace", "report", "matrix", "experiment", "calibration", "protocol catalog", "programs",

@@ -1,0 +1,49 @@
+"""Whether a run kept going: the hang verdict, and one word for how a run under faults ended (pure).
+
+A run stopped as hung (:class:`~squall.run_meta.Hang` in its meta) fails, saying since when nothing
+moved and which rank printed last. :func:`outcome` sums a cell of a fault matrix up in the words of
+docs/faults.md: ``hung`` (with where the ranks were blocked), ``crashed`` (the rank and its error),
+``diverged`` (an ``--agree`` figure differed), else what the faults did: ``survived`` or ``recovered
+after X s`` (the slowest recovery), ``never recovered``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from squall.checks.verdict import Verdict
+from squall.run_meta import RunMeta
+
+CHECK = "hang"
+
+
+def hang_verdict(meta: RunMeta) -> Verdict | None:
+    """``fail`` when the run was stopped as hung; None when it was not."""
+    hang = meta.hang
+    if hang is None:
+        return None
+    blocked = sorted({f"rank {s.rank}: {s.blocked_in}" for s in meta.stacks if s.why == "hung" and s.blocked_in})
+    where = f"; blocked in: {'; '.join(blocked)}" if blocked else ""
+    return Verdict(CHECK, False, round(hang.quiet_since_s, 3), f"a line or traffic at least every {hang.after_s:g} s",
+                   hang.describe() + where)
+
+
+def outcome(meta: RunMeta, failures: Sequence[str] = ()) -> str:
+    """One phrase for a run under faults (see the module docstring); ``failures`` are the failed ranks' lines."""
+    if meta.hang is not None:
+        blocked = sorted({s.blocked_in.split(" (")[0] for s in meta.stacks if s.why == "hung" and s.blocked_in})
+        return "hung" + (f" (blocked in {', '.join(blocked)})" if blocked else "")
+    if failures:
+        return f"crashed ({failures[0][:160]})"
+    odd = [a for a in meta.agreement if a.passed is False]
+    if odd:
+        return f"diverged ({odd[0].figure}: ranks {list(odd[0].odd)})"
+    if not meta.faults:
+        return "no fault"
+    if any(f.end_s is not None and f.recovered_after_s is None for f in meta.faults):
+        return "never recovered"
+    slowest = max((f.recovered_after_s for f in meta.faults if f.recovered_after_s is not None and not f.progressed),
+                  default=None)
+    if slowest is None:
+        return "survived"
+    return f"recovered after {slowest:.1f} s"
