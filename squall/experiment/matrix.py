@@ -69,11 +69,12 @@ class Matrix:
     programs: tuple[ProgramSpec, ...] = ()  # users' own commands
 
     def cells(self) -> list[Cell]:
-        """Every cell; seeds innermost, so A B A B interleaving over seeds is natural."""
+        """Every cell; protocols and programs innermost, then seeds: a profile runs A B C, A B C, ... seed by
+        seed, so a slow drift of the host falls on every protocol alike and the seeds pair them."""
         runs: list[tuple[str, ProgramSpec | None]] = [(p, None) for p in self.protocols]
         runs += [(p.name, p) for p in self.programs]
-        return [Cell(name, f, w, s, program) for w, f, (name, program), s in
-                itertools.product(self.workers, self.profiles, runs, self.seeds)]
+        return [Cell(name, f, w, s, program) for w, f, s, (name, program) in
+                itertools.product(self.workers, self.profiles, self.seeds, runs)]
 
     def ids(self) -> list[str]:
         """Ids of :meth:`cells`, unique."""

@@ -89,7 +89,11 @@ class Session:
             dest = self._snapshot_root / f"{program.name}-{len(self.snapshots)}"
             if dest.exists():  # a results folder used again: this session's copy replaces the last one's
                 shutil.rmtree(dest)
-            self.snapshots[key] = snapshot_folder(program.workdir, dest, excludes=program.excludes)
+            folder = Path(program.workdir)
+            ours = _inside(self._snapshot_root, folder)  # the snapshots, and the report that holds them, when
+            if not self._own_snapshots:                   # inside the folder: never copied into themselves
+                ours += _inside(self._snapshot_root.parent, folder)
+            self.snapshots[key] = snapshot_folder(program.workdir, dest, excludes=(*program.excludes, *ours))
             logger.info("%s: %d files (%.1f MB) copied for the containers to %s", program.workdir,
                         self.snapshots[key].files, self.snapshots[key].size / 1e6, dest)
         return self.snapshots[key]
@@ -130,16 +134,19 @@ class Session:
         return _with_segments(trace, segments)
 
     def run_program(self, program: ProgramSpec, profile: str, workers: int, *, seconds: float, seed: int = 0,
-                    logs: Path, label: str = "", together: Sequence[ProgramSpec] = ()) -> ProgramRun:
+                    logs: Path, label: str = "", together: Sequence[ProgramSpec] = (),
+                    hang_after: float | None = None) -> ProgramRun:
         """One program cell: its lab, its profile calibrated, the run (with its segments judged).
 
         :param together: programs that share this one's containers (a comparison's other side).
+        :param hang_after: stop it as hung after this long without progress (None: the default).
         """
         lab = self.program_lab(workers, [program, *together], label=label)
         self.calibrate(lab, profile, workers)
         segments = self._segments(lab, profile, workers, seconds)
         snap = self.snapshot(program)
-        done = run_program(lab, program, profile, seconds=seconds, seed=seed, logs=logs, folder=snap.path)
+        done = run_program(lab, program, profile, seconds=seconds, seed=seed, logs=logs, folder=snap.path,
+                           hang_after=hang_after)
         trace = _with_segments(done.trace, segments)
         if trace.meta.program is not None:
             program_meta = dataclasses.replace(trace.meta.program, snapshot=snap.to_json())
@@ -213,3 +220,12 @@ def _with_segments(trace: RunTrace, segments: dict[str, Any] | None) -> RunTrace
     if segments is None:
         return trace
     return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, segments=segments))
+
+
+def _inside(path: Path, folder: Path) -> tuple[str, ...]:
+    """``path`` relative to ``folder`` when it lies inside it (as an exclude pattern), else nothing."""
+    try:
+        rel = path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return ()
+    return (str(rel),) if str(rel) != "." else ()

@@ -14,10 +14,11 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from squall.checks.convergence import bytes_by, time_to_target
+from squall.compare.stats import MIN_PAIRS, Sample, compare_samples
 from squall.run_trace import RunTrace
 from squall.target import Target, TargetError
 
@@ -57,6 +58,7 @@ class CellFigures:
     steps: int  # the most steps any worker made
     bytes_per_worker: float  # mean bytes sent by a surviving worker over the whole run
     final_loss: float | None  # median of the workers' last training loss
+    budget_s: float = 0.0  # the run's budget: a target never reached is at least this (a censored time)
 
 
 def cell_figures(trace: RunTrace, target: Target | None) -> CellFigures:
@@ -70,7 +72,30 @@ def cell_figures(trace: RunTrace, target: Target | None) -> CellFigures:
     return CellFigures(trace.protocol, trace.profile, trace.workers, trace.seed, tt, bt,
                        max((r.step for r in lasts), default=0),
                        statistics.mean(r.bytes_sent for r in lasts) if lasts else 0.0,
-                       statistics.median(known) if known else None)
+                       statistics.median(known) if known else None,
+                       max(trace.meta.budget_s or 0.0, trace.duration))
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A protocol's time to target against its profile's best, paired by seed (:mod:`squall.compare.stats`)."""
+
+    ratio: float | None  # this protocol's time over the best's (geometric mean of the seeds' ratios)
+    ci_low: float | None  # its 95 % interval; None with too few seeds
+    ci_high: float | None
+    verdict: str  # "best" (it is the best), "same" (not detectably slower), "slower", or "unknown" (too few seeds)
+    seeds: int  # seeds both ran
+
+    def words(self) -> str:
+        """``1.00x (best)``, ``~ 1.05x (0.91-1.21)``, ``1.48x (1.22-1.80)``, ``1.48x (1 seed)``."""
+        if self.verdict == "best":
+            return "1.00x (best)"
+        if self.ratio is None:
+            return "-"
+        if self.ci_low is None or self.ci_high is None:
+            return f"{self.ratio:.2f}x ({self.seeds} seed{'s' if self.seeds != 1 else ''})"
+        tilde = "~ " if self.verdict == "same" else ""
+        return f"{tilde}{self.ratio:.2f}x ({self.ci_low:.2f}-{self.ci_high:.2f})"
 
 
 @dataclass(frozen=True)
@@ -82,6 +107,7 @@ class Comparison:
     seconds: Mapping[tuple[str, str], float | None]  # (protocol, profile) -> median seconds to target
     bytes: Mapping[tuple[str, str], float | None]  # (protocol, profile) -> median bytes per worker to target
     reached: Mapping[tuple[str, str], tuple[int, int]]  # runs that reached the target, of runs
+    versus: Mapping[tuple[str, str], Versus] = field(default_factory=dict)  # each against its profile's best
 
     def ratio(self, protocol: str, profile: str) -> float | None:
         """Seconds to target over the profile's best (1.0 for the best; None when it never got there)."""
@@ -107,10 +133,52 @@ def compare(figures: Sequence[CellFigures]) -> Comparison:
         known = [v for v in values if v is not None]
         return statistics.median(known) if known else None
 
+    seconds = {k: median(v) for k, v in times.items()}
     return Comparison(
         protocols=tuple(sorted({f.protocol for f in figures})), profiles=tuple(sorted({f.profile for f in figures})),
-        seconds={k: median(v) for k, v in times.items()}, bytes={k: median(v) for k, v in sent.items()},
-        reached={k: (sum(v is not None for v in vs), len(vs)) for k, vs in times.items()})
+        seconds=seconds, bytes={k: median(v) for k, v in sent.items()},
+        reached={k: (sum(v is not None for v in vs), len(vs)) for k, vs in times.items()},
+        versus=_versus(figures, seconds))
+
+
+def _versus(figures: Sequence[CellFigures], seconds: Mapping[tuple[str, str], float | None]
+            ) -> dict[tuple[str, str], Versus]:
+    """Each protocol against the fastest (by median) of its profile, paired by seed: a ratio with its 95 %
+    interval and whether the difference is detectable, so a table never ranks noise."""
+    by_seed: dict[tuple[str, str], dict[int, tuple[float, bool]]] = defaultdict(dict)
+    for f in figures:
+        value = f.seconds_to_target if f.seconds_to_target is not None else f.budget_s
+        if value and value > 0:
+            by_seed[(f.protocol, f.profile)][f.seed] = (value, f.seconds_to_target is None)
+    out: dict[tuple[str, str], Versus] = {}
+    for profile in {p for _, p in seconds}:
+        ranked = sorted((v, q) for (q, p), v in seconds.items() if p == profile and v is not None)
+        if not ranked:
+            continue
+        best = ranked[0][1]
+        for (protocol, p), mine in by_seed.items():
+            if p != profile:
+                continue
+            if protocol == best:
+                out[(protocol, p)] = Versus(1.0, 1.0, 1.0, "best", len(mine))
+                continue
+            theirs = by_seed[(best, profile)]
+            common = sorted(set(mine) & set(theirs))
+            if len(common) < MIN_PAIRS:
+                median = seconds.get((protocol, p))
+                out[(protocol, p)] = Versus(None if median is None else median / ranked[0][0], None, None, "unknown",
+                                            len(common))
+                continue
+            base = Sample(tuple(theirs[s][0] for s in common), tuple(theirs[s][1] for s in common))
+            cand = Sample(tuple(mine[s][0] for s in common), tuple(mine[s][1] for s in common))
+            c = compare_samples(base, cand, higher_is_better=False, tolerance=TOLERANCE)
+            verdict = {"worse": "slower", "better": "same", "same": "same"}.get(c.verdict, "unknown")
+            out[(protocol, p)] = Versus(c.ratio, c.ci_low, c.ci_high, verdict, len(common))
+    return out
+
+
+#: A protocol within this of the best is not called slower (as ``squall compare``'s default tolerance).
+TOLERANCE = 0.01
 
 
 def megabytes(value: float | None) -> str:
@@ -131,13 +199,15 @@ def comparison_rows(c: Comparison) -> list[list[str]]:
                 continue
             secs, ratio = c.seconds[(protocol, profile)], c.ratio(protocol, profile)
             got, of = c.reached[(protocol, profile)]
+            versus = c.versus.get((protocol, profile))
             rows.append([profile, protocol, "not reached" if secs is None else f"{secs:.2f}",
-                         "-" if ratio is None else f"{ratio:.2f}x", megabytes(c.bytes[(protocol, profile)]),
-                         f"{got} of {of}"])
+                         versus.words() if versus is not None else "-" if ratio is None else f"{ratio:.2f}x",
+                         megabytes(c.bytes[(protocol, profile)]), f"{got} of {of}"])
     return rows
 
 
-COMPARE_HEAD = ["profile", "protocol", "time to target (s)", "vs best", "bytes per worker to target", "runs reached"]
+COMPARE_HEAD = ["profile", "protocol", "time to target (s, median)", "vs best (95 % interval; ~ not detectably slower)",
+                "bytes per worker to target", "runs reached"]
 
 
 # -- a protocol's own figures ----------------------------------------------------------------------

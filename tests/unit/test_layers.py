@@ -76,7 +76,7 @@ LAYERS: tuple[Layer, ...] = (
     _layer("programs", "host", {"squall.programs"}, {"checks", "trace", "program lines"}),
     _layer("timeline", "host", {"squall.experiment.timeline"}, {"profiles", "trace"}),
     _layer("matrix", "host", {"squall.experiment", "squall.experiment.matrix"}, {"profiles", "programs"}),
-    _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles"}),
+    _layer("report", "host", {"squall.report"}, {"checks", "trace", "profiles", "compare"}),
     _layer("experiment", "host", {"squall.experiment.lab", "squall.experiment.realised", "squall.experiment.program",
                                   "squall.experiment.driver", "squall.experiment.hangs"},
            {"profiles", "shaping", "cluster", "trace", "timeline", "protocol catalog", "programs", "checks"}),

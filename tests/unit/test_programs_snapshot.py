@@ -122,3 +122,19 @@ def test_a_ref_that_names_no_commit_is_a_usage_error(tmp_path: Path, ref: str) -
 def test_a_folder_outside_any_repository_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(ProgramError, match=r"--ref: .* is not inside a git repository"):
         resolve_ref("HEAD", tmp_path)
+
+
+def test_a_report_inside_the_program_folder_is_never_copied_into_the_next_snapshot(tmp_path: Path) -> None:
+    from squall.experiment.session import Session
+    from squall.programs.spec import program_from_args
+
+    (tmp_path / "train.py").write_text("x")
+    (tmp_path / "results" / "compare" / "snapshots" / "old").mkdir(parents=True)
+    (tmp_path / "results" / "compare" / "snapshots" / "old" / "train.py").write_text("x")
+    program = program_from_args(["python", "train.py"], cwd=tmp_path)
+    session = Session(snapshots=tmp_path / "results" / "compare" / "snapshots")
+    try:
+        snap = session.snapshot(program)
+        assert sorted(p.name for p in Path(snap.path).rglob("*")) == ["train.py"]
+    finally:
+        session.close()

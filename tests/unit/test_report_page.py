@@ -15,13 +15,12 @@ import re
 import struct
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from squall.checks import Target, Verdict
-from squall.checks.fidelity import calibration_rows, fidelity
+from squall.checks import Target, Validity, Verdict
+from squall.checks.fidelity import CalibrationRow, fidelity
 from squall.report import provenance
 from squall.report.compare import SCHEMA_FIELDS, cell_figures, compare, own_fields
 from squall.report.network import describe_profiles
@@ -59,21 +58,19 @@ def synthetic_trace(protocol: str, profile: str, seed: int) -> RunTrace:
                           "summaries": summaries}))
 
 
-def calibration() -> list[dict[str, Any]]:
-    """Plain calibration data as ``CalibrationReport.to_dict()`` writes it: lan passed, lossy-1pct failed once."""
-    def row(link: list[int], metric: str, unit: str, configured: float, measured: float, *,
-            verdict: str) -> dict[str, object]:
-        return {"link": link, "metric": metric, "unit": unit, "configured": configured, "measured": measured,
-                "low": configured * 0.9, "high": configured * 1.1, "verdict": verdict, "why": f"{metric} checked"}
+def calibration() -> list[CalibrationRow]:
+    """Calibration rows as a session keeps them (``CalibrationReport.fidelity_rows``): lan passed, lossy-1pct
+    failed once."""
+    def row(*cells: str) -> CalibrationRow:  # profile, link, quantity, configured, measured, tolerance, verdict
+        profile, link, metric, configured, measured, tolerance, verdict = cells
+        return CalibrationRow(profile, "netem", link, metric, configured, measured, tolerance, verdict,
+                              f"{metric} checked")
 
-    lan = {"profile": "lan", "backend": "netem", "errors": [],
-           "rows": [row([0, 1], "delay", "ms", 0.1, 0.102, verdict="passed"),
-                    row([2, 3], "rate", "Mbit/s", 1000, 980, verdict="passed")]}
-    lossy = {"profile": "lossy-1pct", "backend": "netem", "errors": [],
-             "rows": [row([0, 1], "delay", "ms", 5.0, 5.01, verdict="passed"),
-                      row([0, 1], "loss", "%", 1.0, 3.2, verdict="failed"),
-                      row([2, 3], "loss", "%", 1.0, 1.1, verdict="unknown")]}
-    return calibration_rows(lan) + calibration_rows(lossy)
+    return [row("lan", "0->1", "delay", "0.100 ms", "0.102 ms", "0.090..0.110 ms", "passed"),
+            row("lan", "2->3", "rate", "1000.0 Mbit/s", "980.0 Mbit/s", "900.0..1100.0 Mbit/s", "passed"),
+            row("lossy-1pct", "0->1", "delay", "5.000 ms", "5.010 ms", "4.500..5.500 ms", "passed"),
+            row("lossy-1pct", "0->1", "loss", "1.000 %", "3.200 %", "0.900..1.100 %", "failed"),
+            row("lossy-1pct", "2->3", "loss", "1.000 %", "1.100 %", "0.900..1.100 %", "unknown")]
 
 
 def realistic_results() -> Results:
@@ -163,8 +160,8 @@ def test_the_page_compares_protocols_with_plots(page: str) -> None:
     assert len(sizes) == 5 and all(w > 200 and h > 100 for w, h in sizes)
     for title in ("Time to target", "Bytes to target", "Loss against wall time", "Loss against bytes sent"):
         assert f"<img alt='{title}'" in page
-    assert "<td class=\"\">2.50x</td>" in page  # ring against local_sgd
-    assert "<td class=\"\">1.00x</td>" in page
+    assert "<td class=\"\">2.50x (2 seeds)</td>" in page  # ring against local_sgd: too few seeds for an interval
+    assert "<td class=\"\">1.00x (best)</td>" in page
 
 
 def test_each_protocols_own_fields_are_shown_and_schema_fields_are_not(results: Results, page: str) -> None:
@@ -213,6 +210,28 @@ def test_results_round_trip_and_the_markdown_answers_the_same_questions(tmp_path
                     "## How do I reproduce it?"):
         assert heading in text
     assert "| lossy-1pct | netem | 3 | 1 | 1 | FLAGGED: calibration failed |" in text
+    assert "| lossy-1pct | 0->1 | loss | 1.000 % | 3.200 % | 0.900..1.100 % | failed | loss checked |" in text
+    assert again.calibration == results.calibration  # typed rows, back as they went
+
+
+def test_a_results_file_from_before_typed_rows_still_loads(tmp_path: Path) -> None:
+    """Rows written before the profile, backend and reason were kept (and numbers where text is now) load
+    with ``-`` for what they lack; a row of the wrong shape is refused naming the file, row and key."""
+    old = {"title": "old", "calibration": [
+        {"link": "0->1", "quantity": "delay", "configured": "5 ms", "measured": 5.02, "tolerance": "0.5 ms",
+         "verdict": "pass"},
+        {"profile": "lan", "link": "all", "quantity": "calibration", "verdict": "failed", "why": "boom"}]}
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    first, second = load_results(tmp_path).calibration
+    assert first == CalibrationRow("-", "-", "0->1", "delay", "5 ms", "5.02", "0.5 ms", "pass", "-")
+    assert first.validity is Validity.PASS and second.validity is Validity.FAIL
+    assert fidelity("lan", [first, second]).state == "failed"
+    for bad, message in (({"link": [0, 1]}, "calibration[0]: 'link' must be text or a number, got list"),
+                         ({"metric": "delay"}, "calibration[0]: unknown keys ['metric']; allowed: profile, backend"),
+                         ("0->1 delay", "calibration[0]: expected an object")):
+        (tmp_path / "results.json").write_text(json.dumps({"calibration": [bad]}))
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'results.json'}: {message}")):
+            load_results(tmp_path)
 
 
 def test_provenance_is_plain_data() -> None:
