@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 from scipy import stats
 
 Verdict = Literal["better", "worse", "same", "unknown"]
@@ -116,7 +116,7 @@ class Comparison:
 class _Pairs:
     """The pairs sorted out: the log-ratios that enter the interval and what was left out."""
 
-    d: np.ndarray  # log(candidate / baseline) of every usable pair, in run order
+    d: tuple[float, ...]  # log(candidate / baseline) of every usable pair, in run order
     baseline_failed: int  # as in Comparison
     candidate_failed: int
     baseline_censored: int
@@ -160,7 +160,7 @@ def _sort_pairs(baseline: Sample, candidate: Sample) -> _Pairs:
             counts["used_c"] += c_cens
             counts["used_b"] += b_cens
     return _Pairs(
-        d=np.asarray(d, dtype=float),
+        d=tuple(d),
         baseline_failed=sum(v is None for v in baseline.values),
         candidate_failed=sum(v is None for v in candidate.values),
         baseline_censored=sum(baseline.censored), candidate_censored=sum(candidate.censored),
@@ -174,11 +174,15 @@ def _t_quantile(confidence: float, df: int) -> float:
     return float(stats.t.ppf(0.5 + confidence / 2.0, df))
 
 
-def t_interval(d: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """(mean, low, high): Student's t-interval of the mean of ``d`` (at least 2 values)."""
+def t_interval(d: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t-interval of the mean of ``d`` (at least 2 values).
+
+    The mean and standard deviation in plain floats (a handful of values: numpy's overhead would
+    dominate the thousands of simulated comparisons of the tests); the quantile from scipy.stats.
+    """
     n = len(d)
-    mean = float(np.mean(d))
-    spread = float(np.std(d, ddof=1))
+    mean = math.fsum(d) / n
+    spread = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
     if spread <= 1e-12 * max(1.0, abs(mean)):  # identical values (bytes of a deterministic run): no spread
         return mean, mean, mean
     half = _t_quantile(confidence, n - 1) * spread / math.sqrt(n)
@@ -199,10 +203,11 @@ def _left_out(p: _Pairs) -> list[str]:
     for side, failed in (("baseline", p.baseline_failed), ("candidate", p.candidate_failed)):
         if failed:
             notes.append(f"{failed} {side} run{'s' if failed > 1 else ''} failed")
-    for side, censored, used in (("baseline", p.baseline_censored, p.censored_used_baseline),
-                                 ("candidate", p.candidate_censored, p.censored_used_candidate)):
+    for side, censored, used, truth in (("baseline", p.baseline_censored, p.censored_used_baseline, "lower"),
+                                        ("candidate", p.candidate_censored, p.censored_used_candidate, "higher")):
         if censored:
-            bound = f" ({used} counted at {'their' if used > 1 else 'its'} bound)" if used else ""
+            bound = (f" ({used} counted at {'their' if used > 1 else 'its'} bound, so the true ratio is {truth})"
+                     if used else "")
             notes.append(f"{censored} {side} run{'s' if censored > 1 else ''} censored{bound}")
     if p.both_censored:
         notes.append(f"{p.both_censored} pair{'s' if p.both_censored > 1 else ''} censored on both sides")
@@ -259,7 +264,7 @@ def compare_samples(baseline: Sample, candidate: Sample, *, higher_is_better: bo
         verdict, verdict_text = "same", "same: no detectable difference"
     ratio, ci_low, ci_high = _exp(mean), _exp(low), _exp(high)
     width = ci_high - ci_low
-    lower, higher = int(np.sum(pairs.d < 0)), int(np.sum(pairs.d > 0))
+    lower, higher = sum(x < 0 for x in pairs.d), sum(x > 0 for x in pairs.d)
     head = (f"candidate {_fmt(ratio, width)}x baseline ({100 * confidence:g} % CI {_fmt(ci_low, width)}-"
             f"{_fmt(ci_high, width)}), {lower} of {len(pairs.d)} pairs lower, {higher} higher")
     return _comparison(pairs, n, confidence, (ratio, ci_low, ci_high), verdict=verdict,
