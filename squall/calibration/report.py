@@ -1,4 +1,5 @@
-"""The result of one calibration: per-link rows, the run's context, JSON and a text table."""
+"""The result of one calibration: per-link rows, the run's context, JSON, a text table and the rows a
+results file keeps (:meth:`CalibrationReport.fidelity_rows`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from squall.calibration.judge import Baseline
 from squall.calibration.plan import ProbePlan
 from squall.calibration.stalls import HOST, StallPolicy
 from squall.calibration.verdicts import HOST_LIMITED, WORDS, Check, outcome
+from squall.checks.fidelity import CalibrationRow, failed_row
 from squall.checks.verdict import Validity
 
 
@@ -66,6 +68,16 @@ class CalibrationReport:
             "errors": list(self.errors), "notes": list(self.notes), "stall_policy": self.policy.to_dict(),
             "rows": [_finite(r.to_dict()) for r in self.rows],
         }
+
+    def fidelity_rows(self) -> list[CalibrationRow]:
+        """One :class:`~squall.checks.fidelity.CalibrationRow` per check, figures in the table's words, and a
+        failed row for each error of the run as a whole (the shaper died): what a session keeps for
+        its report, matched to cells by profile and backend."""
+        rows = [CalibrationRow(self.profile, self.backend, f"{r.link[0]}->{r.link[1]}", r.metric,
+                               _num(r.configured, r.unit), _num(r.measured, r.unit), _range(r), r.verdict, r.why)
+                for r in self.rows]
+        errors = [failed_row(self.profile, error, backend=self.backend, quantity="shaper") for error in self.errors]
+        return rows + errors
 
     def to_json(self) -> str:
         """The report as indented JSON (NaN written as null)."""

@@ -1,58 +1,82 @@
 """Fidelity: did the emulated network do what its profile says? One answer per profile, from its calibration.
 
 A session calibrates each profile it uses (:mod:`squall.experiment.fidelity` runs a quick
-calibration and keeps its rows); the rows are plain data in ``results.json`` (one per quantity per
-link, with the ``profile`` and ``backend`` they measured: :func:`calibration_rows`). A profile's
-fidelity is the :func:`~squall.checks.verdict.merge` of its rows' validities: any row failed ->
-``failed``; else any row unknown (too little data, the host too busy or unable to carry a rate) ->
-``unknown``; else ``faithful``. A profile without a row was ``not calibrated``: unknown as well.
-The report flags every cell run on a profile whose fidelity failed.
+calibration and keeps its rows); a row is a :class:`CalibrationRow` (one per quantity per link,
+with the ``profile`` and ``backend`` it measured), made from a calibration's checks by
+:meth:`squall.calibration.report.CalibrationReport.fidelity_rows` and kept in ``results.json``
+(:meth:`CalibrationRow.to_json`, :meth:`CalibrationRow.from_json`). A profile's fidelity is the
+:func:`~squall.checks.verdict.merge` of its rows' validities: any row failed -> ``failed``; else any
+row unknown (too little data, the host too busy or unable to carry a rate) -> ``unknown``; else
+``faithful``. A profile without a row was ``not calibrated``: unknown as well. The report flags
+every cell run on a profile whose fidelity failed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from squall.checks.verdict import Validity, merge
+from squall.checks.verdict import Validity, figure, merge
 
-
-def calibration_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``Results.calibration`` rows from a calibration's plain data (``CalibrationReport.to_dict()``).
-
-    Each row keeps the profile, backend and link it measured so it can be matched to cells; an error
-    of the run as a whole (the shaper died) is a failed row of its own."""
-    rows = []
-    for r in report.get("rows", []):
-        low, high, unit = r.get("low"), r.get("high"), r.get("unit", "")
-        link = r.get("link") or ["?", "?"]
-        rows.append({
-            "profile": report.get("profile", "?"), "backend": report.get("backend", "?"),
-            "link": f"{link[0]}->{link[1]}", "quantity": r.get("metric", "?"),
-            "configured": _amount(r.get("configured"), unit), "measured": _amount(r.get("measured"), unit),
-            "tolerance": "-" if low is None or high is None else f"{_amount(low, '')}..{_amount(high, unit)}",
-            "verdict": r.get("verdict", Validity.UNKNOWN.past), "why": r.get("why", ""),
-        })
-    for error in report.get("errors", []):
-        rows.append(failed_row(str(report.get("profile", "?")), str(error), backend=str(report.get("backend", "?")),
-                               quantity="shaper"))
-    return rows
+#: What a results file from before a key existed is read with (rows written before the profile,
+#: backend and reason were kept have only link, quantity, configured, measured, tolerance, verdict).
+MISSING = "-"
 
 
-def failed_row(profile: str, why: str, *, backend: str = "-", quantity: str = "calibration") -> dict[str, Any]:
+@dataclass(frozen=True)
+class CalibrationRow:
+    """One calibration check of one profile's link, in the words the report shows and ``results.json`` keeps."""
+
+    profile: str  # the profile whose links were measured
+    backend: str  # the shaping backend that carried them ("-": none was opened)
+    link: str  # "src->dst", or "all" for a row about the whole calibration
+    quantity: str  # delay, jitter, loss, rate (rtt, rtt_jitter, rtt_loss for round trips); calibration, shaper
+    configured: str  # what the profile asks, with its unit ("5.000 ms"); "-" when nothing applies
+    measured: str  # what was measured, with its unit; "-" when nothing was
+    tolerance: str  # the accepted range ("4.500..5.500 ms"); "-" when there is none
+    verdict: str  # the row's word: passed, failed, unknown or host-limited
+    why: str  # the check's own sentence: figures, tolerance, caveats
+
+    @property
+    def validity(self) -> Validity:
+        """The row's validity: host-limited and any word this version does not know are unknown."""
+        return Validity.read(self.verdict)
+
+    def to_json(self) -> dict[str, str]:
+        """Plain data for ``results.json``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: object, where: str = "calibration row") -> CalibrationRow:
+        """The row :meth:`to_json` wrote, or one of an older results file (a key it lacks reads ``-``, a
+        missing verdict ``unknown``; numbers are written as figures). ``ValueError`` names ``where``,
+        the key and what is allowed."""
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"{where}: expected an object with the keys {', '.join(FIELDS)}, "
+                             f"got {type(obj).__name__}")
+        unknown = sorted(str(k) for k in obj if k not in FIELDS)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; allowed: {', '.join(FIELDS)}")
+        text = {key: _text(obj[key], where, key) for key in FIELDS if key in obj}
+        text.setdefault("verdict", Validity.UNKNOWN.past)
+        return cls(**{key: text.get(key, MISSING) for key in FIELDS})
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(CalibrationRow))
+
+
+def _text(value: object, where: str, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return figure(value)
+    raise ValueError(f"{where}: {key!r} must be text or a number, got {type(value).__name__} {value!r:.60}")
+
+
+def failed_row(profile: str, why: str, *, backend: str = MISSING, quantity: str = "calibration") -> CalibrationRow:
     """A failed row for all of a profile's links: its calibration (or its shaper) could not do its job."""
-    return {"profile": profile, "backend": backend, "link": "all", "quantity": quantity, "configured": "-",
-            "measured": "-", "tolerance": "-", "verdict": Validity.FAIL.past, "why": why}
-
-
-def _amount(value: object, unit: str) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int | float):
-        digits = 3 if unit in ("ms", "%") else 1
-        return f"{value:.{digits}f}" + (f" {unit}" if unit else "")
-    return str(value)
+    return CalibrationRow(profile, backend, "all", quantity, MISSING, MISSING, MISSING, Validity.FAIL.past, why)
 
 
 @dataclass(frozen=True)
@@ -98,16 +122,15 @@ class Fidelity:
         return f"{self.checked - self.unknown} of {self.checked} calibration checks of {self.profile} passed{extra}"
 
 
-def fidelity(profile: str, calibration: Iterable[Mapping[str, Any]]) -> Fidelity:
+def fidelity(profile: str, calibration: Iterable[CalibrationRow]) -> Fidelity:
     """The :class:`Fidelity` of ``profile`` from every calibration row (rows of other profiles ignored)."""
-    rows = [r for r in calibration if r.get("profile") == profile]
-    judged = [(r, Validity.read(r.get("verdict"))) for r in rows]
-    failed = tuple(f"{r.get('link')} {r.get('quantity')}: configured {r.get('configured')}, measured "
-                   f"{r.get('measured')}" for r, v in judged if v is Validity.FAIL)
-    unknown = sum(1 for _, v in judged if v is Validity.UNKNOWN)
-    return Fidelity(profile, len(rows), failed, unknown, tuple(sorted({str(r.get("backend", "?")) for r in rows})))
+    rows = [r for r in calibration if r.profile == profile]
+    failed = tuple(f"{r.link} {r.quantity}: configured {r.configured}, measured {r.measured}"
+                   for r in rows if r.validity is Validity.FAIL)
+    unknown = sum(1 for r in rows if r.validity is Validity.UNKNOWN)
+    return Fidelity(profile, len(rows), failed, unknown, tuple(sorted({r.backend for r in rows})))
 
 
-def fidelity_by_profile(profiles: Iterable[str], calibration: Sequence[Mapping[str, Any]]) -> dict[str, Fidelity]:
+def fidelity_by_profile(profiles: Iterable[str], calibration: Sequence[CalibrationRow]) -> dict[str, Fidelity]:
     """:func:`fidelity` of each profile."""
     return {p: fidelity(p, calibration) for p in sorted(set(profiles))}

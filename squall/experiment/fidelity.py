@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from squall.calibration.stalls import HOST, StallPolicy
-from squall.checks.fidelity import calibration_rows, failed_row
+from squall.checks.fidelity import CalibrationRow, failed_row
 from squall.checks.verdict import Validity
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class SessionCalibration:
         self.enabled = enabled
         self.progress = progress
         self.policy = policy  # the host-stall policy every calibration of the session judges by
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[CalibrationRow] = []  # every profile's rows, in the order they were calibrated
         self.verdicts: dict[str, str] = {}  # profile -> its calibration's word: passed, failed, unknown, host-limited
         self.failures: dict[str, list[str]] = {}  # profile -> why each of its failed checks failed
 
@@ -64,14 +64,13 @@ class SessionCalibration:
             logger.warning("calibration of %s could not run: %s", profile, exc)
             row = failed_row(profile, f"the calibration could not run: {exc}")
             self.rows.append(row)
-            self.verdicts[profile] = row["verdict"]
+            self.verdicts[profile] = row.verdict
             self.failures[profile] = [f"the calibration could not run: {exc}"]
             self.progress(f"calibration {profile}: could not run ({exc})")
             return
-        rows = calibration_rows(report.to_dict())
+        rows = report.fidelity_rows()
         self.rows += rows
-        self.failures[profile] = [f"{r['link']} {r['quantity']}: {r['why']}" for r in rows
-                                  if Validity.read(r["verdict"]) is Validity.FAIL]
+        self.failures[profile] = [f"{r.link} {r.quantity}: {r.why}" for r in rows if r.validity is Validity.FAIL]
         self.verdicts[profile] = report.verdict
         counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
         self.progress(f"calibration {profile}: {report.verdict} in {time.monotonic() - t:.1f} s ({counts})")

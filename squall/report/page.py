@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.checks import Target, Validity, Verdict, merge
-from squall.checks.fidelity import Fidelity, fidelity_by_profile
+from squall.checks.fidelity import CalibrationRow, Fidelity, fidelity_by_profile
 from squall.checks.verdict import figure
 from squall.report import utilization
 from squall.report.compare import (
@@ -84,7 +84,7 @@ class Results:
     title: str = "Squall report"  # page title
     cells: tuple[CellResult, ...] = ()  # matrix cells
     claims: tuple[ClaimResult, ...] = ()  # claims
-    calibration: tuple[Mapping[str, Any], ...] = ()  # rows: link, quantity, configured, measured, verdict
+    calibration: tuple[CalibrationRow, ...] = ()  # every profile's calibration checks
     meta: Mapping[str, Any] = field(default_factory=dict)  # machine, backend, duration...
 
 
@@ -100,7 +100,7 @@ def _verdict_from(obj: Mapping[str, Any]) -> Verdict:
 def results_to_json(results: Results) -> dict[str, Any]:
     """Plain data for ``results.json``."""
     return {
-        "title": results.title, "meta": dict(results.meta), "calibration": [dict(r) for r in results.calibration],
+        "title": results.title, "meta": dict(results.meta), "calibration": [r.to_json() for r in results.calibration],
         "cells": [{"id": c.cell_id, "trace": trace_to_json(c.trace), "verdicts": [_verdict_json(v) for v in c.verdicts]}
                   for c in results.cells],
         "claims": [{"id": c.claim_id, "paper": c.paper, "claim": c.claim, "paper_figure": c.paper_figure,
@@ -109,13 +109,16 @@ def results_to_json(results: Results) -> dict[str, Any]:
 
 
 def results_from_json(obj: Mapping[str, Any]) -> Results:
-    """The inverse of :func:`results_to_json`."""
+    """The inverse of :func:`results_to_json`; calibration rows of older files too
+    (:meth:`~squall.checks.fidelity.CalibrationRow.from_json`)."""
     cells = tuple(CellResult(c["id"], trace_from_json(c["trace"]), tuple(_verdict_from(v) for v in c["verdicts"]))
                   for c in obj.get("cells", []))
     claims = tuple(ClaimResult(c["id"], c["paper"], c["claim"], c["paper_figure"], c["our_setting"],
                                _verdict_from(c["verdict"])) for c in obj.get("claims", []))
     return Results(title=obj.get("title", "Squall report"), cells=cells, claims=claims,
-                   calibration=tuple(obj.get("calibration", [])), meta=dict(obj.get("meta", {})))
+                   calibration=tuple(CalibrationRow.from_json(r, f"calibration[{i}]")
+                                     for i, r in enumerate(obj.get("calibration", []))),
+                   meta=dict(obj.get("meta", {})))
 
 
 def save_results(results: Results, directory: Path) -> Path:
@@ -127,8 +130,12 @@ def save_results(results: Results, directory: Path) -> Path:
 
 
 def load_results(directory: Path) -> Results:
-    """Read ``results.json`` from ``directory``."""
-    return results_from_json(json.loads((directory / RESULTS_FILE).read_text()))
+    """Read ``results.json`` from ``directory``; ``ValueError`` names the file and what in it is wrong."""
+    path = directory / RESULTS_FILE
+    try:
+        return results_from_json(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 # -- pages --------------------------------------------------------------------------------------
@@ -210,8 +217,8 @@ FIDELITY_HEAD = ["profile", "backend", "checks", "failed", "undecided", "state",
 
 
 def _cal_rows(results: Results) -> list[list[str]]:
-    return [[figure(r.get(k, "-")) for k in ("profile", "link", "quantity", "configured", "measured", "tolerance",
-                                             "verdict", "why")] for r in results.calibration]
+    return [[r.profile, r.link, r.quantity, r.configured, r.measured, r.tolerance, r.verdict, r.why]
+            for r in results.calibration]
 
 
 def _fidelity_rows(view: _View) -> list[list[str]]:

@@ -15,6 +15,7 @@ from squall.calibration.judge import Baseline
 from squall.calibration.plan import plan_probes
 from squall.calibration.report import CalibrationReport
 from squall.calibration.verdicts import HOST_LIMITED, Check
+from squall.checks.fidelity import CalibrationRow, fidelity
 from squall.checks.verdict import Validity
 from squall.cli import calibrate as cli_calibrate
 from squall.profiles import load_profile
@@ -61,6 +62,20 @@ def test_report_json_and_table() -> None:
     assert text.splitlines()[0] == "calibration of wan-5ms on 4 workers, backend nfqueue: UNKNOWN in 42.0 s"
     assert "0->1  delay   5.000 ms    5.100 ms  4.500..5.500 ms  passed" in text
     assert "note: a note" in text and "host-limited checks were NOT verified" in text
+
+
+def test_fidelity_rows_are_the_checks_in_the_tables_words() -> None:
+    """What a session keeps of a calibration (typed rows for results.json): one per check, with the
+    table's figures, and one failed row for an error of the whole run."""
+    report = _report(PASSED, UNKNOWN, HOST_LIMITED, errors=("the shaper died",))
+    rows = report.fidelity_rows()
+    assert rows[0] == CalibrationRow("wan-5ms", "nfqueue", "0->1", "delay", "5.000 ms", "5.100 ms",
+                                     "4.500..5.500 ms", PASSED, "row 0")
+    assert (rows[1].measured, rows[1].tolerance, rows[1].validity) == ("-", "-", Validity.UNKNOWN)
+    assert (rows[2].verdict, rows[2].validity) == (HOST_LIMITED, Validity.UNKNOWN)
+    assert rows[3] == CalibrationRow("wan-5ms", "nfqueue", "all", "shaper", "-", "-", "-", FAILED, "the shaper died")
+    assert [CalibrationRow.from_json(r.to_json()) for r in rows] == rows
+    assert fidelity("wan-5ms", rows).state == "failed"
 
 
 def _args(**kw: Any) -> argparse.Namespace:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from squall.checks import Target, Validity, Verdict, converged, drift_bounded, fidelity, merge, safe, speedup
-from squall.checks.fidelity import failed_row
+from squall.checks.fidelity import CalibrationRow, failed_row
 from squall.run_trace import ChurnMark, RunTrace, StepRecord, build_trace
 
 
@@ -121,9 +121,8 @@ def test_speedup_fails_when_the_fast_protocol_never_converges_and_is_unknown_wit
     assert speedup([], runs("b", [3.0]), ACC, at_least=1).unknown
 
 
-def _row(verdict: str, link: str = "0->1", quantity: str = "delay", profile: str = "p") -> dict[str, Any]:
-    return {"profile": profile, "backend": "netem", "link": link, "quantity": quantity, "configured": "5.000 ms",
-            "measured": "9.000 ms", "tolerance": "4.500..5.500 ms", "verdict": verdict, "why": "-"}
+def _row(verdict: str, link: str = "0->1", quantity: str = "delay", profile: str = "p") -> CalibrationRow:
+    return CalibrationRow(profile, "netem", link, quantity, "5.000 ms", "9.000 ms", "4.500..5.500 ms", verdict, "-")
 
 
 def test_fidelity_merges_a_profiles_calibration_rows() -> None:

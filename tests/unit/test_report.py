@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from squall.checks import Verdict
+from squall.checks.fidelity import CalibrationRow
 from squall.report.page import CellResult, ClaimResult, Results, load_results, markdown, write_report
 from squall.run_trace import ChurnMark, RunTrace, StepRecord
 
@@ -32,8 +33,7 @@ def synthetic_results() -> Results:
             cells.append(CellResult(f"{protocol}-{profile}-w3", synthetic_trace(protocol, profile, speed), verdicts))
     claims = (ClaimResult("sesgd-wan", "SESGD", "butterfly beats ring", "up to 5x at 5 ms", "8 workers, wan-5ms",
                           Verdict("speedup", True, 2.3, ">= 2", "median over 3 seeds")),)
-    calibration = ({"link": "0->1", "quantity": "delay", "configured": "5 ms", "measured": "5.02 ms",
-                    "tolerance": "0.5 ms", "verdict": "pass"},)
+    calibration = (CalibrationRow("wan-5ms", "nfqueue", "0->1", "delay", "5 ms", "5.02 ms", "0.5 ms", "pass", "-"),)
     return Results(title="test report", cells=tuple(cells), claims=claims, calibration=calibration,
                    meta={"backend": "nfqueue"})
 
