@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,14 +20,17 @@ from typing import Any
 
 from squall.assets import find_matrix
 from squall.checks import Validity, converged, merge, time_to_target
+from squall.checks.liveness import run_verdicts
 from squall.claims.registry import load_claims
 from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, select_engine
+from squall.experiment.comparison import matrix_plans
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError
 from squall.experiment.matrix import build_matrix, load_matrix_file
 from squall.experiment.runner import run_matrix
 from squall.experiment.session import Session
+from squall.programs.spec import ProgramError
 from squall.progress import Display
 from squall.protocols.catalog import PROTOCOLS
 from squall.report import provenance
@@ -63,6 +68,12 @@ def _cmd_replay(args: argparse.Namespace, *, every: bool) -> int:
     return matrix_exit_code(results.cells, (), {})
 
 
+def check_hang_after(value: float | None) -> None:
+    """``--hang-after`` must be a number of seconds > 0 (a usage error, exit 2, before anything starts)."""
+    if value is not None and not value > 0:
+        raise ValueError(f"--hang-after: a number of seconds > 0, got {value:g}")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.replay is not None:
         return _cmd_replay(args, every=False)
@@ -74,6 +85,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if bool(command) == bool(args.protocol):
         raise ValueError("give exactly one of --protocol NAME and a command after -- (squall run ... -- python "
                          "train.py)")
+    check_hang_after(args.hang_after)
     if command:
         from squall.cli.program import cmd_run_program
 
@@ -89,30 +101,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     select_engine(args.engine)  # the default engine of every cluster this command starts
     matrix = build_matrix({"protocols": [args.protocol], "profiles": [args.profile], "workers": [args.workers]},
                           source="squall run", known_protocols=PROTOCOLS)
-    run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr}
+    run: dict[str, Any] = {"seconds": args.seconds, "task": args.task, "lr": args.lr, "hang_after": args.hang_after,
+                           "agree": tuple(args.agree or ())}
     target = Target.parse(args.target) if args.target else None
     if target is not None:
         run["target"] = target.to_mapping()
     cell = matrix.cells()[0]
+    from squall.experiment.lab import RunSpec
+
+    spec = RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run)  # a bad --agree: exit 2
     preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
     display = Display(label=cell.id())
     t0, before = time.monotonic(), provenance.collect()
     try:
         fidelity = SessionCalibration(enabled=args.calibrate, progress=display.line)
         with display.logging_above(), Session(backend=args.backend, observer=display, fidelity=fidelity) as labs:
-            from squall.experiment.lab import RunSpec
-
-            trace = labs.run(RunSpec(protocol=cell.protocol, profile=cell.profile, seed=args.seed, **run),
-                             cell.workers)
+            trace = labs.run(spec, cell.workers)
     except ExperimentError as exc:
         display.close()
         logging.getLogger("squall").error("%s: %s", cell.id(), exc)
         return 1
     finally:
         display.close()
-    verdict = converged(trace, target) if target else None
-    results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace,
-                                                                          (verdict,) if verdict else ()),),
+    verdicts = (*run_verdicts(trace.meta), *((converged(trace, target),) if target else ()))
+    verdict = verdicts[0] if verdicts else None
+    run["agree"] = [str(a) for a in spec.agree]
+    results = Results(title=f"Squall run: {cell.id()}", cells=(CellResult(cell.id(), trace, verdicts),),
                       calibration=tuple(fidelity.rows),
                       meta={"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
                             "duration_s": round(time.monotonic() - t0, 1), "run": dict(run),
@@ -122,13 +136,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = run_summary(trace, target)
     if args.json:
         sys.stdout.write(json.dumps({"trace": trace_to_json(trace), "verdict": verdict and verdict.line(),
+                                     "verdicts": [v.line() for v in verdicts], "hung": trace.meta.hang is not None,
+                                     "faults": [f.to_json() for f in trace.meta.faults],
+                                     "agreement": [a.to_json() for a in trace.meta.agreement],
                                      "summary": summary, "report": str(page)}) + "\n")
     else:
         sys.stdout.write(format_summary(cell.id(), trace, summary, total_s=time.monotonic() - t0) + "\n")
-        if verdict:
-            sys.stdout.write(verdict.line() + "\n")
+        for v in verdicts:
+            sys.stdout.write(v.line() + "\n")
         sys.stdout.write(f"report: {page}\n")
-    return 0 if verdict is None or verdict.validity is Validity.PASS else 1
+    return 0 if merge(v.validity for v in verdicts) is Validity.PASS else 1
 
 
 def run_summary(trace: RunTrace, target: Target | None) -> dict[str, Any]:
@@ -189,31 +206,42 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"{path}: claims: unknown claim ids {unknown}; known: {sorted(known)}")
     claims = [] if args.no_claims else [known[c] for c in spec.claims]
-    preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
+    staging = Path(tempfile.mkdtemp(prefix="squall-compare-"))
     display = Display()
     try:
+        try:
+            compares = matrix_plans(spec, where=str(path), base=path.resolve().parent, staging=staging)
+        except ProgramError as exc:
+            raise ValueError(str(exc)) from None
+        preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         with display.logging_above():
             results = run_matrix(spec.matrix, spec.run, claims=claims, backend=args.backend, progress=display.line,
                                  title=f"Squall matrix: {path.name}", observer=display,
                                  calibrate=spec.calibrate and not args.no_calibrate, logs=args.report / "ranks",
-                                 snapshots=args.report / "snapshots")
+                                 snapshots=args.report / "snapshots", compares=compares)
     finally:
         display.close()
+        shutil.rmtree(staging, ignore_errors=True)
     _, page = write_report(results, args.report)
     gates = {c.id: c.gate for c in claims}
     _summary(results.cells, results.claims, gates)
     sys.stdout.write(f"report: {page}\n")
-    return matrix_exit_code(results.cells, results.claims, gates)
+    for c in results.comparisons:
+        sys.stdout.write(f"compare {c['candidate']} against {c['baseline']}: "
+                         f"{'REGRESSION' if c['regression'] else c['verdict']}\n")
+    return matrix_exit_code(results.cells, results.claims, gates, results.comparisons)
 
 
-def matrix_exit_code(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> int:
-    """0 when every cell's checks and every gating claim passed; 1 otherwise.
+def matrix_exit_code(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool],
+                     comparisons: Sequence[Mapping[str, Any]] = ()) -> int:
+    """0 when every cell's checks and every gating claim passed and no comparison found a regression; 1 otherwise.
 
     A claim with ``gate: false`` is measured and reported (its verdict is in the summary and the
     report) but does not fail the run: the registry says why it cannot gate.
     """
     gating = [v for c in cells for v in c.verdicts] + [c.verdict for c in claims if gates.get(c.claim_id, True)]
-    return 0 if merge(v.validity for v in gating) is Validity.PASS else 1
+    regression = any(c.get("regression") for c in comparisons)
+    return 0 if merge(v.validity for v in gating) is Validity.PASS and not regression else 1
 
 
 def _summary(cells: Sequence[CellResult], claims: Sequence[ClaimResult], gates: Mapping[str, bool]) -> None:
@@ -283,6 +311,15 @@ def add_subparser(sub: Any) -> None:
                      help="a command's folder is copied for the containers (a read-only snapshot kept with the "
                           "report); leave out files matching this glob (repeatable; .git, caches and virtualenvs "
                           "are always left out)")
+    run.add_argument("--hang-after", type=float, metavar="S",
+                     help="stop the run as hung when no rank printed a line and the links carried under 1 KB/s for S "
+                          "seconds, every rank's Python stack taken first with py-spy (default: 120, or the budget "
+                          "when shorter)")
+    run.add_argument("--agree", action="append", metavar="NAME[~TOL]",
+                     help="every rank that finished must end with the same value of figure NAME (text, or a number "
+                          "within the relative tolerance TOL); a command's --metric name, a protocol's record field "
+                          "(loss, eval_loss, accuracy, norm, param_hash), or log:NAME for a figure only its records "
+                          "write; repeatable")
     run.add_argument("--backend", choices=["netem", "nfqueue"])
     run.add_argument("--engine", choices=ENGINES, help="where the workers run: this machine's Docker (local, the "
                      "default) or a Docker Swarm with a node agent on every node (swarm; see docs/swarm.md)")

@@ -26,6 +26,7 @@ from squall.checks.measures import TIME_TO_TARGET, Observation, higher_is_better
 from squall.compare.stats import Comparison, Sample, compare_samples, decided
 from squall.experiment.driver import ExperimentError
 from squall.experiment.lab import RunSpec
+from squall.experiment.matrix import MatrixFile
 from squall.experiment.session import Session
 from squall.programs.spec import ProgramSpec
 from squall.programs.verdict import judge
@@ -417,3 +418,40 @@ def plan_from(raw: Mapping[str, Any], *, where: str, profiles: Sequence[str], wo
                            gate=tuple(str(g) for g in gate))
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def matrix_plans(spec: MatrixFile, *, where: str, base: Path, staging: Path) -> list[ComparePlan]:
+    """The ``compare:`` entries of a matrix file as plans: every profile of the matrix, one plan per cluster size;
+    a side names one of the file's programs, a protocol with its options, or a command (run with the matrix's
+    ``run:`` settings). Checked before anything starts.
+
+    :param base: the matrix file's folder (a command's folder and a ref's repository are found from it).
+    :param staging: where a ``ref``'s copy of the folder is made.
+    """
+    from squall.programs.snapshot import resolve_ref, snapshot_ref
+    from squall.programs.spec import program_from_mapping
+
+    run = dict(spec.run)
+    target = Target.of(run.get("target"))
+    programs = {p.name: p for p in spec.matrix.programs}
+    seconds = float(run.get("seconds") or 60.0)
+    plans = []
+    for k, raw in enumerate(spec.compare):
+        here = f"{where}: compare[{k}]"
+
+        def program(command: list[str], name: str, workdir: str | None = None, here: str = here) -> ProgramSpec:
+            entry = {"command": command, "name": name, **({"workdir": workdir} if workdir else {})}
+            if target is not None:
+                entry["target"] = str(target)
+            return program_from_mapping(entry, source=here, base=base)
+
+        def ref_program(ref: str, command: list[str], here: str = here, k: int = k) -> ProgramSpec:
+            folder = program(command, "candidate").workdir
+            snap = snapshot_ref(resolve_ref(ref, folder, flag=f"{here}: ref"), staging / f"ref-{k}")
+            return program(command, "baseline", workdir=snap.path)
+
+        for workers in spec.matrix.workers:
+            plans.append(plan_from(raw, where=here, profiles=spec.matrix.profiles, workers=workers, program=program,
+                                   ref_snapshot=ref_program, programs=programs, run=run, target=target,
+                                   seconds=seconds))
+    return plans

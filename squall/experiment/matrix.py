@@ -172,6 +172,7 @@ class MatrixFile:
     run: Mapping[str, Any]  # RunSpec fields for every cell (seconds, target, lr, task, config...)
     claims: tuple[str, ...]  # claim ids from claims.yaml
     calibrate: bool = True  # calibrate each profile quickly before its first cell (key ``calibrate``)
+    compare: tuple[Mapping[str, Any], ...] = ()  # baseline against candidate on every profile (key ``compare``)
 
 
 def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFile:
@@ -179,15 +180,23 @@ def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFil
     ``calibrate`` (true or false)."""
     raw = _read(path)
     run, claims = raw.pop("run", {}) or {}, raw.pop("claims", []) or []
+    compare = raw.pop("compare", []) or []
+    compare = [compare] if isinstance(compare, dict) else compare
+    if not isinstance(compare, list) or not all(isinstance(c, dict) for c in compare):
+        raise MatrixError(f"{path}: compare: expected a comparison (baseline, candidate, runs...) or a list of them, "
+                          f"got {compare!r:.120}")
     calibrate = raw.pop("calibrate", True)
     if not isinstance(calibrate, bool):
         raise MatrixError(f"{path}: calibrate: expected true or false, got {calibrate!r}")
     if not isinstance(run, dict):
         raise MatrixError(f"{path}: run: expected a mapping of RunSpec fields, got {run!r}")
+    hang = run.get("hang_after")
+    if hang is not None and (isinstance(hang, bool) or not isinstance(hang, int | float) or not hang > 0):
+        raise MatrixError(f"{path}: run: hang_after: expected a number of seconds > 0, got {hang!r}")
     if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
         raise MatrixError(f"{path}: claims: expected a list of claim ids, got {claims!r}")
     matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols, base=path.resolve().parent)
-    return MatrixFile(matrix, run, tuple(claims), calibrate)
+    return MatrixFile(matrix, run, tuple(claims), calibrate, tuple(compare))
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from squall.checks import Validity, Verdict, converged, merge
+from squall.checks.liveness import run_verdicts
 from squall.claims.registry import Claim, evaluate
+from squall.experiment.comparison import ComparePlan, CompareResult, run_comparison
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.lab import ExperimentError, RunSpec
 from squall.experiment.matrix import Cell, Matrix
@@ -47,7 +49,7 @@ def stderr_progress(line: str) -> None:
 def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim] = (), backend: str | None = None,
                progress: Progress = logger.info, title: str = "Squall matrix",
                observer: Observer | None = None, calibrate: bool = True, logs: Path | None = None,
-               snapshots: Path | None = None) -> Results:
+               snapshots: Path | None = None, compares: Sequence[ComparePlan] = ()) -> Results:
     """Run every cell (and claim) and collect the results for the report.
 
     :param progress: gets one line per cell and claim (its verdict), and one per calibration.
@@ -56,6 +58,7 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     :param observer: shown each cell's stages and training live; its ``label`` is set to the cell.
     :param logs: where programs' per-rank logs go (a folder per cell); default a temporary folder.
     :param snapshots: where programs' folders are copied for the containers; default a temporary folder.
+    :param compares: comparisons to run on the same session after the cells and claims (a matrix's ``compare:``).
     """
     cells: list[CellResult] = []
     claim_results: list[ClaimResult] = []
@@ -85,6 +88,14 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
             result = evaluate(claim, labs.run)
             claim_results.append(result)
             progress(f"claim {claim.id}: {result.verdict.line()}")
+        comparisons = []
+        for k, plan in enumerate(compares):
+            if observer is not None:
+                observer.label = f"compare {k + 1}/{len(compares)}"
+            progress(f"compare: {plan.candidate.label} against {plan.baseline.label} on {', '.join(plan.profiles)}")
+            done = CompareResult(plan, run_comparison(plan, labs, logs=logs / f"compare-{k}", progress=progress))
+            comparisons.append(done.to_json())
+            progress(f"compare: {'REGRESSION' if done.regression else done.verdict}")
         backends = labs.backends()
     meta = {"cells": len(cells), "claims": len(claim_results), "duration_s": round(time.monotonic() - t0, 1),
             "shaping backend": ", ".join(backends) or "none", "run": dict(run),
@@ -96,7 +107,7 @@ def run_matrix(matrix: Matrix, run: Mapping[str, Any], *, claims: Sequence[Claim
     if matrix.programs and not run.get("target") and len(shared) == 1 and matrix.programs[0].target is not None:
         meta["target"] = matrix.programs[0].target.to_mapping()  # every program's: the report compares at it
     return Results(title=title, cells=tuple(cells), claims=tuple(claim_results), calibration=tuple(fidelity.rows),
-                   meta=meta)
+                   meta=meta, comparisons=tuple(comparisons))
 
 
 def run_replays(cells: Sequence[RecordedCell], *, backend: str | None = None, progress: Progress = logger.info,
@@ -128,9 +139,10 @@ def run_program_cell(labs: Session, cell: Cell, program: ProgramSpec, run: Mappi
     """One program cell: its lab (the program's folder and image), the run, the verdict."""
     t = time.monotonic()
     seconds = float(run.get("seconds") or PROGRAM_SECONDS)
+    hang_after = run.get("hang_after")
     try:
         done = labs.run_program(program, cell.profile, cell.workers, seconds=seconds, seed=cell.seed, logs=logs,
-                                together=together)
+                                together=together, hang_after=float(hang_after) if hang_after is not None else None)
     except ExperimentError as exc:
         progress(f"{tag}: ERROR {exc}")
         empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
@@ -152,7 +164,7 @@ def _run_cell(labs: Session, cell: Cell, run: Mapping[str, Any], target: Target 
         progress(f"{tag}: ERROR {exc}")
         empty = RunTrace(cell.protocol, cell.profile, cell.workers, cell.seed, "none", ())
         return CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),))
-    verdicts = (converged(trace, target),) if target else ()
+    verdicts = (*run_verdicts(trace.meta), *((converged(trace, target),) if target else ()))
     state = "PASS" if merge(v.validity for v in verdicts) is Validity.PASS else "FAIL"
     progress(f"{tag}: {state} in {time.monotonic() - t:.1f} s "
              + "; ".join(v.line() for v in verdicts))

@@ -105,6 +105,17 @@ th{background:#f3f3f3}.better{color:#2e7d32;font-weight:600}.worse{color:#c62828
 .lead{font-size:15px}code{font-size:12px}"""
 
 
+def comparison_section(result: Mapping[str, Any]) -> list[str]:
+    """A comparison inside a matrix's page: its verdict, each profile's table and every ratio with its interval."""
+    word = "REGRESSION" if result["regression"] else result["verdict"]
+    parts = [f"<h2>Comparison: {html.escape(result['candidate'])} against {html.escape(result['baseline'])}</h2>",
+             f"<p>verdict: <b class='{html.escape(result['verdict'])}'>{html.escape(word)}</b></p>",
+             _img("Every ratio candidate/baseline with its interval", plot_compare_ratios(_ratio_rows(result)))]
+    for profile in result["profiles"]:
+        parts += [f"<h3>{html.escape(profile['profile'])} ({profile['pairs']} pairs)</h3>", _table(HEAD, rows(profile))]
+    return parts
+
+
 def html_page(result: Mapping[str, Any], traces: Mapping[tuple[str, str, int], RunTrace]) -> str:
     """The comparison as one self-contained HTML page."""
     word = "REGRESSION" if result["regression"] else result["verdict"]

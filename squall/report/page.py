@@ -33,6 +33,8 @@ from squall.report.compare import (
     stats_tables,
     target_from,
 )
+from squall.report.comparison import comparison_section
+from squall.report.comparison import markdown as comparison_markdown
 from squall.report.network import LINK_HEAD, profile_sections
 from squall.report.plots import (
     plot_bytes_to_target,
@@ -45,7 +47,7 @@ from squall.report.plots import (
     plot_trace_fidelity,
     plot_utilization,
 )
-from squall.report.programs import RANKS_HEAD, program_sections
+from squall.report.programs import RANKS_HEAD, cell_state, program_sections
 from squall.report.reproduce import matrix_text, reproduce_rows
 from squall.run_trace import RunTrace, trace_from_json, trace_to_json
 
@@ -86,6 +88,7 @@ class Results:
     claims: tuple[ClaimResult, ...] = ()  # claims
     calibration: tuple[CalibrationRow, ...] = ()  # every profile's calibration checks
     meta: Mapping[str, Any] = field(default_factory=dict)  # machine, backend, duration...
+    comparisons: tuple[Mapping[str, Any], ...] = ()  # a matrix's compare: entries, as squall compare --json prints
 
 
 # -- persistence --------------------------------------------------------------------------------
@@ -105,6 +108,7 @@ def results_to_json(results: Results) -> dict[str, Any]:
                   for c in results.cells],
         "claims": [{"id": c.claim_id, "paper": c.paper, "claim": c.claim, "paper_figure": c.paper_figure,
                     "our_setting": c.our_setting, "verdict": _verdict_json(c.verdict)} for c in results.claims],
+        "comparisons": [dict(c) for c in results.comparisons],
     }
 
 
@@ -118,7 +122,7 @@ def results_from_json(obj: Mapping[str, Any]) -> Results:
     return Results(title=obj.get("title", "Squall report"), cells=cells, claims=claims,
                    calibration=tuple(CalibrationRow.from_json(r, f"calibration[{i}]")
                                      for i, r in enumerate(obj.get("calibration", []))),
-                   meta=dict(obj.get("meta", {})))
+                   meta=dict(obj.get("meta", {})), comparisons=tuple(obj.get("comparisons", [])))
 
 
 def save_results(results: Results, directory: Path) -> Path:
@@ -198,7 +202,8 @@ def _summary_rows(view: _View) -> list[list[str]]:
         f = figs.get((t.protocol, t.profile, t.workers, t.seed))
         tt = "-" if f is None or view.target is None else (
             "not reached" if f.seconds_to_target is None else f"{f.seconds_to_target:.2f}")
-        rows.append([c.cell_id, t.backend, STATE[cell_validity(c)], _network_flag(view.fidelity.get(t.profile)),
+        rows.append([c.cell_id, t.backend, cell_state(t, STATE[cell_validity(c)]),
+                     _network_flag(view.fidelity.get(t.profile)),
                      f"{t.duration:.1f}", tt, "-" if f is None else str(f.steps),
                      "-" if f is None else megabytes(f.bytes_per_worker),
                      "-" if f is None or f.final_loss is None else f"{f.final_loss:.4g}",
@@ -271,7 +276,7 @@ def _html_programs(view: _View) -> list[str]:
                   _html_table(RANKS_HEAD, ranks), "<p>Bytes per directed link (row: sender):</p>",
                   _html_table(link_head, links)]
         if marks:
-            parts.append("<ul>" + "".join(f"<li>churn: {html.escape(m)}</li>" for m in marks) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{html.escape(m)}</li>" for m in marks) + "</ul>")
     return ["<h3>Programs: ranks and links</h3>", *parts] if parts else []
 
 
@@ -313,9 +318,11 @@ def markdown(results: Results) -> str:
         for cell_id, command, ranks, (link_head, links), marks in _programs(view):
             out += [f"### {cell_id}: `{command}`", "", "Each rank (bytes counted in the kernel, IP headers included):",
                     "", *table(RANKS_HEAD, ranks), "Bytes per directed link:", "", *table(link_head, links)]
-            out += [f"- churn: {m}" for m in marks] + ([""] if marks else [])
+            out += [f"- {m}" for m in marks] + ([""] if marks else [])
     if results.claims:
         out += ["## Claims", "", *table(CLAIM_HEAD, _claim_rows(results))]
+    for c in results.comparisons:
+        out += [comparison_markdown(c).replace("# Squall compare", "## Comparison", 1), ""]
     if results.calibration:
         out += ["## Calibration", "", *table(CAL_HEAD, _cal_rows(results))]
     if results.cells:
@@ -451,6 +458,8 @@ def html_page(results: Results) -> str:
         png = plot_claims([(c.claim_id, c.verdict) for c in results.claims])
         if png:
             parts.append(f"<img alt='claims' src='data:image/png;base64,{png}'>")
+    for c in results.comparisons:
+        parts += comparison_section(c)
     if results.calibration and not results.cells:
         parts += ["<h2>Calibration</h2>", _html_table(CAL_HEAD, _cal_rows(results))]
     if results.cells:

@@ -3,6 +3,7 @@ answers here), a well-formed one reaches the engine (exit 3 without one); and it
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -127,3 +128,54 @@ def test_the_gate_is_the_time_to_target_by_default_and_shares_the_confidence() -
     assert ComparePlan(side, side, ("lan",), 4, runs=3).gating(names) == names  # no target: every measure
     assert ComparePlan(side, side, ("lan",), 4, runs=3, gate=("bytes_sent",)).gating(names) == ["bytes_sent"]
     assert plan.each(2) == pytest.approx(0.975) and plan.each(1) == pytest.approx(0.95)
+
+
+# -- a matrix file's compare: entries --------------------------------------------------------------------
+
+
+def _matrix(tmp_path: Path, compare: str) -> Path:
+    path = tmp_path / "m.yaml"
+    path.write_text("protocols: [ring, dpsgd]\nprofiles: [lan, wan-5ms]\nworkers: [4]\n"
+                    "run: {seconds: 5, target: {accuracy: 0.85}, config: {eval_every: 5}}\n" + compare)
+    return path
+
+
+def test_a_matrix_compare_entry_becomes_a_plan_over_its_profiles(tmp_path: Path) -> None:
+    from squall.experiment.comparison import matrix_plans
+    from squall.experiment.matrix import load_matrix_file
+    from squall.protocols.catalog import PROTOCOLS
+    from squall.target import Target
+
+    path = _matrix(tmp_path, "compare: {baseline: ring, candidate: 'dpsgd lr=0.3', runs: 4, tolerance: 2%}\n")
+    spec = load_matrix_file(path, known_protocols=PROTOCOLS)
+    (plan,) = matrix_plans(spec, where=str(path), base=tmp_path, staging=tmp_path / "staging")
+    assert plan.profiles == ("lan", "wan-5ms") and plan.workers == 4 and plan.runs == 4
+    assert plan.tolerance == pytest.approx(0.02) and plan.target == Target("accuracy", 0.85)
+    assert plan.candidate.protocol is not None and plan.candidate.protocol.protocol == "dpsgd"
+    assert dict(plan.candidate.protocol.config) == {"eval_every": 5, "lr": 0.3}
+
+
+@pytest.mark.parametrize(("compare", "says"), [
+    ("compare: {baseline: ring}\n", r"missing key\(s\) \['candidate'\]"),
+    ("compare: {baseline: ring, candidate: nope}\n", "candidate"),
+    ("compare: {baseline: ring, candidate: dpsgd, runs: 1}\n", "--runs must be at least 2"),
+    ("compare: {baseline: ring, candidate: dpsgd, speed: 3}\n", r"unknown key\(s\) \['speed'\]"),
+    ("compare: [ring, dpsgd]\n", "compare: expected a comparison"),
+])
+def test_a_bad_compare_entry_is_a_usage_error_naming_it(tmp_path: Path, compare: str, says: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    path = _matrix(tmp_path, compare)
+    assert main(["matrix", str(path)]) == EXIT_USAGE
+    assert any(re.search(says, r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_comparisons_round_trip_through_results_json(tmp_path: Path) -> None:
+    from squall.report.page import Results, load_results, write_report
+
+    obj = {"regression": True, "verdict": "worse", "baseline": "ring", "candidate": "dpsgd", "tolerance": 0.01,
+           "gate": ["time_to_target_s"], "profiles": [{"profile": "lan", "pairs": 3, "runs": [], "measures": {
+               "time_to_target_s": {"baseline": [1.0, 1.1, 1.0], "candidate": [2.0, 2.1, 2.0], "ratio": 2.0,
+                                    "ci_low": 1.8, "ci_high": 2.2, "verdict": "worse", "why": "w"}}}]}
+    _, page = write_report(Results(title="m", comparisons=(obj,)), tmp_path)
+    assert load_results(tmp_path).comparisons == (obj,)
+    assert "Comparison: dpsgd against ring" in page.read_text() and "REGRESSION" in page.read_text()
