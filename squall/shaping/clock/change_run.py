@@ -17,6 +17,7 @@ from squall.shaping.clock.sender import Applied, NamespaceRef, Schedule, Schedul
 from squall.shaping.kernel.applier import Applier
 from squall.shaping.planning import tc_diff
 from squall.shaping.planning.changes import PlannedChange
+from squall.shaping.planning.ops import NodePlan
 
 Launch = Callable[[Schedule], "Started"]  # hand the schedule to the executor (before the run starts)
 
@@ -36,7 +37,7 @@ class ChangeRun:
 
     Made by a backend's ``schedule`` (which must call :meth:`finish` itself if it fails after this)."""
 
-    def __init__(self, planned: Sequence[PlannedChange], namespaces: Mapping[str, NamespaceRef], *,
+    def __init__(self, planned: Sequence[PlannedChange[NodePlan]], namespaces: Mapping[str, NamespaceRef], *,
                  batches: Sequence[Mapping[str, bytes]], links: Sequence[Sequence[Mapping[str, Any]]],
                  launch: Launch, settle: Callable[[int], None]) -> None:
         """:param batches: per planned change, namespace key -> netlink batch.
@@ -83,7 +84,7 @@ def namespace_key(index: int) -> str:
     return f"node{index}"
 
 
-def netlink_batches(planned: Sequence[PlannedChange], applier: Applier
+def netlink_batches(planned: Sequence[PlannedChange[NodePlan]], applier: Applier
                     ) -> tuple[dict[str, NamespaceRef], list[dict[str, bytes]]]:
     """The namespaces of the live nodes, and per planned change each one's netlink batch."""
     live = applier.live()

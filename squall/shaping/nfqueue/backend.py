@@ -227,10 +227,10 @@ class NfqueueShaper:
             return plan_nfqueue(eps, state, leaves=kept.leaves, queues=kept.queues)
 
         planned = plan_in_place(timeline, planner, keep)
-        self._apply_plans(timeline[0].state, dict(planned[0].plans))  # type: ignore[arg-type]
+        self._apply_plans(timeline[0].state, dict(planned[0].plans))
         block = self._bind()
         namespaces, batches = netlink_batches(planned, self._applier)
-        wanted = [self._wanted_links(dict(change.plans)) for change in planned]  # type: ignore[arg-type]
+        wanted = [self._wanted_links(dict(change.plans)) for change in planned]
         links: list[list[dict[str, object]]] = [[]]
         for before, after in itertools.pairwise(wanted):
             links.append([{"namespace": namespace_name(rcv), "queue": block.queue(rcv, src),

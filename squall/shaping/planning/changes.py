@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from squall.profiles import LinkSpec, Loss
 from squall.shaping.base import LinkState, ShapingError
@@ -30,6 +31,11 @@ from squall.shaping.planning.ops import NodePlan
 from squall.shaping.planning.tc_messages import change_message
 
 Pair = tuple[int, int]
+#: A backend's node plan (:class:`NodePlan` or its own subclass): what a planned change carries, so the
+#: backend gets back the plans its planner made, typed as they are.
+Plan_co = TypeVar("Plan_co", bound=NodePlan, covariant=True)
+#: The same, where a planner's plans go in and come back out (:func:`plan_in_place`).
+PlanOf = TypeVar("PlanOf", bound=NodePlan)
 
 
 class NotInPlace(ShapingError):
@@ -54,13 +60,14 @@ class Keep:
 
 
 @dataclass(frozen=True)
-class PlannedChange:
-    """One change of the run: its state, each node's plan and the steps from the previous plan."""
+class PlannedChange(Generic[Plan_co]):
+    """One change of the run: its state, each node's plan (of the backend's plan type) and the steps
+    from the previous plan."""
 
     at_s: float  # due time, seconds from the start of the run
     label: str  # what brought it
     state: LinkState  # as the profile says it (cuts as cuts), for the record
-    plans: Mapping[int, NodePlan]  # each node's plan for it (cuts as loss)
+    plans: Mapping[int, Plan_co]  # each node's plan for it (cuts as loss)
     steps: Mapping[int, tuple[tc_diff.TcStep, ...]]  # node -> the change steps from the previous plan
     changed: tuple[Pair, ...]  # the links whose settings differ from the previous state's
 
@@ -71,7 +78,8 @@ class PlannedChange:
                 for node, steps in self.steps.items() if steps and node in ifindex}
 
 
-Planner = Callable[[LinkState, Keep], Mapping[int, NodePlan]]
+#: A backend's planner: a state and what the run keeps to each node's plan of the backend's type.
+Planner = Callable[[LinkState, Keep], Mapping[int, PlanOf]]
 
 
 def cuts_as_loss(state: LinkState) -> LinkState:
@@ -94,15 +102,16 @@ def changed_links(before: LinkState | None, after: LinkState) -> tuple[Pair, ...
     return tuple(sorted(pairs))
 
 
-def plan_in_place(timeline: Sequence[TimedState], plan: Planner, keep: Keep) -> list[PlannedChange]:
-    """Plan every state of ``timeline`` (the first at 0, applied as usual) on one tree.
+def plan_in_place(timeline: Sequence[TimedState], plan: Planner[PlanOf], keep: Keep) -> list[PlannedChange[PlanOf]]:
+    """Plan every state of ``timeline`` (the first at 0, applied as usual) on one tree; each change
+    carries the plans of ``plan``'s own type.
 
     :raises NotInPlace: when two consecutive plans differ by more than changes of existing objects.
     """
     if not timeline:
         return []
-    planned: list[PlannedChange] = []
-    previous: Mapping[int, NodePlan] | None = None
+    planned: list[PlannedChange[PlanOf]] = []
+    previous: Mapping[int, PlanOf] | None = None
     before: LinkState | None = None
     for timed in timeline:
         plans = plan(cuts_as_loss(timed.state), keep)
