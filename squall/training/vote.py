@@ -6,25 +6,39 @@ different ranks. So, at check steps, every rank votes: rank 0 gathers every flag
 sends the decision back (``2(n-1)`` tiny messages, on their own tag so they never mix with the
 algorithm's traffic; they are counted in the transport's counters like everything else).
 
-A :data:`Vote` is any ``async (step, flag, *, reached=False) -> bool`` that returns the same value
-on every rank. ``flag`` ("my budget is spent") stops everyone if any rank raises it; ``reached``
-("my evaluation met the target") stops everyone only when every rank reports it, so a
-decentralized protocol whose ranks hold different parameters trains until all of them get there.
+A :data:`Vote` is any ``async (step, flag, *, reached=False, soon=False) -> Decision`` that returns
+the same decision on every rank. ``flag`` ("my budget is spent") stops everyone if any rank raises
+it; ``reached`` ("my evaluation met the target") stops everyone only when every rank reports it, so
+a decentralized protocol whose ranks hold different parameters trains until all of them get there;
+``soon`` ("my time budget runs out before the next regular vote") tells every rank to vote after
+every step from then on, so a time budget ends the run within a step of it, not a vote interval.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Protocol
 
 from squall.transport import Transport
 from squall.wire import Message
 
 
-class Vote(Protocol):
-    """``async (step, budget_spent, *, reached) -> decision``, the decision identical on every rank."""
+@dataclass(frozen=True)
+class Decision:
+    """What a vote decided, the same on every rank."""
 
-    def __call__(self, step: int, flag: bool, *, reached: bool = False) -> Awaitable[bool]: ...
+    stop: bool  # every rank leaves the loop after this step
+    soon: bool = False  # a rank's time budget runs out before the next regular vote: vote after every step
+
+    def __bool__(self) -> bool:
+        return self.stop
+
+
+class Vote(Protocol):
+    """``async (step, budget_spent, *, reached, soon) -> Decision``, identical on every rank."""
+
+    def __call__(self, step: int, flag: bool, *, reached: bool = False, soon: bool = False) -> Awaitable[Decision]: ...
 
 #: Message tag of votes and decisions ("SQVT").
 VOTE_TAG = 0x53515654
@@ -41,26 +55,29 @@ class TransportVote:
         self.tag = tag
         self.timeout = timeout
 
-    async def __call__(self, step: int, flag: bool, *, reached: bool = False) -> bool:
+    async def __call__(self, step: int, flag: bool, *, reached: bool = False, soon: bool = False) -> Decision:
         t = self.transport
         if t.world_size == 1:
-            return flag or reached
+            return Decision(flag or reached, soon)
         if t.rank != 0:
-            ballot = {"stop": flag, "reached": reached}
+            ballot = {"stop": flag, "reached": reached, "soon": soon}
             await t.send(0, Message.of_control(ballot, round=step, tag=self.tag), timeout=self.timeout)
             reply = await t.recv(0, tag=self.tag, round=step, timeout=self.timeout)
-            return bool(reply.control and reply.control.get("stop"))
-        any_spent, all_reached = flag, reached
+            return Decision(bool(reply.control and reply.control.get("stop")),
+                            bool(reply.control and reply.control.get("soon")))
+        any_spent, all_reached, any_soon = flag, reached, soon
         for peer in t.peers:
             msg = await t.recv(peer, tag=self.tag, round=step, timeout=self.timeout)
             any_spent = any_spent or bool(msg.control and msg.control.get("stop"))
             all_reached = all_reached and bool(msg.control and msg.control.get("reached"))
-        decision = any_spent or all_reached
+            any_soon = any_soon or bool(msg.control and msg.control.get("soon"))
+        decision = Decision(any_spent or all_reached, any_soon)
+        said = {"stop": decision.stop, "soon": decision.soon}
         for peer in t.peers:
-            await t.send(peer, Message.of_control({"stop": decision}, round=step, tag=self.tag), timeout=self.timeout)
+            await t.send(peer, Message.of_control(said, round=step, tag=self.tag), timeout=self.timeout)
         return decision
 
 
-async def local_vote(step: int, flag: bool, *, reached: bool = False) -> bool:
+async def local_vote(step: int, flag: bool, *, reached: bool = False, soon: bool = False) -> Decision:
     """No agreement: for a single rank, or when every rank is known to decide alike."""
-    return flag or reached
+    return Decision(flag or reached, soon)

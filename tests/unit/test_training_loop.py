@@ -232,6 +232,18 @@ def test_time_budget_is_agreed_even_when_ranks_run_at_different_speeds() -> None
     assert all(0.4 <= r.elapsed_s < 2.0 for r in results)
 
 
+def test_a_time_budget_ends_the_run_within_a_step_not_a_vote_interval() -> None:
+    """Votes every 100 steps of 50 ms (emulated compute) would let a 0.5 s budget run 5 s; the first vote, after
+    step 1, says the budget runs out before the next one, and every rank votes after every step from then on.
+    Steps are counted, not seconds: a stalled host makes fewer of them in the budget, never more."""
+    task = make_task("quadratic")
+    devices = [DeviceModel(node=r, step_time_s=0.05) for r in range(3)]
+    config = LoopConfig(seconds=0.5, eval_every=100)
+    results, _ = run_ranks(task, lambda t: LocalOnly(), config, devices=devices, world=3)
+    assert {r.stopped_by for r in results} == {"seconds"} and len({r.steps for r in results}) == 1
+    assert results[0].steps <= 0.5 / 0.05 + 2  # at most the budget's steps, the one that crossed it and the vote's
+
+
 def test_target_parsing_and_direction() -> None:
     assert Target.from_mapping(None) is None and Target.from_mapping({}) is None
     acc = Target.from_mapping({"accuracy": 0.9})

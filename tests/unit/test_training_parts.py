@@ -10,10 +10,10 @@ import torch
 
 from squall.profiles.model import DeviceSpec
 from squall.training.config import RunConfig
-from squall.training.device import KEYS as DEVICE_KEYS
 from squall.training.device import DeviceModel
 from squall.training.fingerprint import MAX_PROJECTED, Projector, param_hash
 from squall.training.optim import LrSchedule, Sgd, SgdConfig
+from squall.training.options import option_keys
 from squall.training.vote import TransportVote
 from squall.transport import inproc_mesh
 
@@ -71,7 +71,7 @@ def test_device_model_draws_exactly_what_the_harness_profile_says(fields: dict[s
     assert model.node == 2
     # Every field of the harness's spec reaches the model unchanged: nothing is dropped on the way.
     assert {name: getattr(model, name) for name in spec.to_dict()} == spec.to_dict()
-    assert set(spec.to_dict()) == set(DEVICE_KEYS)
+    assert set(spec.to_dict()) == set(option_keys(DeviceModel))
 
 
 def test_device_model_compute_time() -> None:
@@ -114,7 +114,8 @@ def test_transport_vote_is_an_or_seen_by_everyone() -> None:
         votes = [TransportVote(t) for t in transports]
         out: list[list[bool]] = []
         for step, flags in enumerate(([False] * 4, [False, False, True, False], [True] * 4)):
-            out.append(list(await asyncio.gather(*(v(step, f) for v, f in zip(votes, flags, strict=True)))))
+            decisions = await asyncio.gather(*(v(step, f) for v, f in zip(votes, flags, strict=True)))
+            out.append([d.stop for d in decisions])
         return out
 
     assert asyncio.run(main()) == [[False] * 4, [True] * 4, [True] * 4]

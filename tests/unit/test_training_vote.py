@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from squall.training.vote import TransportVote, local_vote
+from squall.training.vote import Decision, TransportVote, local_vote
 from squall.transport import inproc_mesh
 
 
@@ -32,9 +32,24 @@ async def _decide(spent: list[bool], reached: list[bool]) -> list[bool]:
     ],
 )
 def test_transport_vote(spent: list[bool], reached: list[bool], decision: bool) -> None:
-    assert asyncio.run(_decide(spent, reached)) == [decision] * len(spent)
+    assert [d.stop for d in asyncio.run(_decide(spent, reached))] == [decision] * len(spent)
+
+
+def test_one_rank_that_runs_out_soon_makes_every_rank_vote_every_step() -> None:
+    async def decide() -> list[Decision]:
+        transports = inproc_mesh(3)
+        for t in transports:
+            await t.start()
+        try:
+            return list(await asyncio.gather(*(TransportVote(t)(4, False, soon=(k == 2))
+                                               for k, t in enumerate(transports))))
+        finally:
+            for t in transports:
+                await t.close()
+
+    assert asyncio.run(decide()) == [Decision(stop=False, soon=True)] * 3
 
 
 def test_local_vote() -> None:
-    assert asyncio.run(local_vote(1, False, reached=True)) is True
-    assert asyncio.run(local_vote(1, False)) is False
+    assert asyncio.run(local_vote(1, False, reached=True)).stop is True
+    assert asyncio.run(local_vote(1, False)).stop is False

@@ -89,6 +89,7 @@ class Driver:
         self.projector = Projector(task.dim, self.config.projection_dim, span=getattr(task, "model_dim", None))
         self.totals = Totals()
         self.target_step: int | None = None  # first step whose evaluation met the target
+        self.dense_votes = False  # a vote said the time budget runs out soon: vote after every step
         self.last_loss: float | None = None
         self.t0 = clock()
 
@@ -151,10 +152,11 @@ class Driver:
             return rules.alone(done, self.elapsed_s)
         if rules.steps_spent(done):
             return "steps"
-        if not rules.vote_due(done):
+        if not rules.vote_due(done, dense=self.dense_votes):
             return None
         t = self.clock()
-        stopped_by = await rules.voted(done, self.elapsed_s, reached=self.target_step is not None)
+        stopped_by, soon = await rules.voted(done, self.elapsed_s, reached=self.target_step is not None)
+        self.dense_votes = self.dense_votes or soon
         self.totals.vote_s += self.clock() - t
         return stopped_by
 
