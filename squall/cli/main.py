@@ -185,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     image = sub.add_parser("image", help="the worker image").add_subparsers(dest="image_command", required=True)
     build = image.add_parser("build", help="build the worker image if its inputs changed")
-    build.add_argument("--pull", action="store_true", help="pull python:3.11-slim as the base if it is missing")
+    build.add_argument("--pull", action=argparse.BooleanOptionalAction, default=None,
+                       help="--pull: the base must be python:3.11-slim from a registry; --no-pull: never ask a "
+                            "registry (debootstrap from SQUALL_DEBIAN_MIRROR); default: pull when no base is "
+                            "present and the registry answers, else debootstrap")
     build.add_argument("--requirements", metavar="FILE",
                        help="build the image for a program with these pip requirements (as squall run --requirements)")
     build.add_argument("--pip", nargs="+", metavar="PKG", help="requirement specifiers, as --requirements")

@@ -15,6 +15,7 @@ registry and nothing is fetched inside the build:
    would backtrack through every version of everything before it says so); should one still be
    missing, :func:`missing_requirement` reads which and it is built too;
 3. the build (``containers/program/Dockerfile``) installs them ``--no-index`` on top of the worker image.
+   Wheels of CUDA or NVIDIA's runtime (:func:`squall.cluster.image.cuda_wheels`) stop it first.
 
 The tag is ``squall-program:<hash>`` of the worker image's tag, the recipe and the sorted requirement
 lines, so the same requirements reuse the image and a change builds a new one. A requirement that
@@ -38,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from squall.cluster.errors import ImageError
-from squall.cluster.image import CONTAINERS_DIR, WHEEL_PLATFORMS, current_worker_tag, ensure_variant_image
+from squall.cluster.image import (
+    CONTAINERS_DIR,
+    WHEEL_PLATFORMS,
+    cuda_wheels,
+    current_worker_tag,
+    ensure_variant_image,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +179,11 @@ def download(requirements: Path, dest: Path, *, work: Path, source: str,
         if wheel.name not in have and _dist(wheel.name.split("-", 1)[0]) not in image:  # the image has it already
             shutil.copy(wheel, dest / wheel.name)
             kept.append(dest / wheel.name)
+    cuda = cuda_wheels(w.name for w in kept)
+    if cuda:
+        raise RequirementsError(f"{source}: the requirements would put CUDA in the worker image ({', '.join(cuda)}); "
+                                "the workers run on CPUs and the image's torch is its CPU build: drop the "
+                                "GPU packages, or require torch itself (the image's satisfies it)")
     return kept
 
 

@@ -45,6 +45,6 @@ def test_every_declared_dependency_is_pinned_inside_its_range() -> None:
 
 def test_the_worker_image_runs_the_host_versions() -> None:
     host, image = _pins(REPO / "constraints.txt"), _pins(REPO / "containers" / "requirements.txt")
-    for name, version in image.items():
-        assert host.get(name) == version, (
+    for name, version in image.items():  # the image's torch carries its build's label (+cpu): same release
+        assert host.get(name) in (version, Version(version.public)), (
             f"containers/requirements.txt pins {name}=={version}, constraints.txt {host.get(name)}")

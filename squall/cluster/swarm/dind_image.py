@@ -2,9 +2,9 @@
 
 Two layers, each tagged by a hash of what went into it, so a second run rebuilds nothing:
 
-* ``squall-dind-root:<hash>``: a Debian 12 root made with ``debootstrap`` from this machine's own
-  apt mirror (the same script as the worker image's offline base), with Debian's ``docker.io``
-  and ``iptables``, ``docker import``-ed;
+* ``squall-dind-root:<hash>``: a Debian 12 root made with ``debootstrap`` from the Debian mirror
+  the worker image's base uses (:func:`squall.cluster.image.debian_mirror`: ``SQUALL_DEBIAN_MIRROR``
+  or Debian's own), with Debian's ``docker.io`` and ``iptables``, ``docker import``-ed;
 * ``squall-dind-node:<hash>``: that root plus ``containers/dind-node/`` (the entrypoint that
   starts the node's own engine, ``/var/lib/docker`` as a volume).
 
@@ -22,7 +22,14 @@ from typing import Any
 from docker.errors import DockerException, ImageNotFound
 
 from squall.cluster.errors import ImageError
-from squall.cluster.image import BOOTSTRAP_SUITE, CONTAINERS_DIR, DEBOOTSTRAP_SCRIPT, apt_mirror, digest
+from squall.cluster.image import (
+    BOOTSTRAP_SUITE,
+    CONTAINERS_DIR,
+    DEBOOTSTRAP_SCRIPT,
+    check_mirror,
+    debian_mirror,
+    digest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,8 @@ def _present(client: Any, tag: str) -> bool:
 
 
 def _build_root(tag: str) -> None:
-    mirror = apt_mirror()
+    mirror = debian_mirror()
+    check_mirror(mirror)
     logger.info("building %s with debootstrap (%s + %s; a few minutes)", tag, BOOTSTRAP_SUITE, ", ".join(PACKAGES))
     proc = subprocess.run(["bash", str(DEBOOTSTRAP_SCRIPT), tag, BOOTSTRAP_SUITE, mirror, ",".join(PACKAGES)],
                           capture_output=True, text=True, check=False)
@@ -65,7 +73,7 @@ def _build_root(tag: str) -> None:
 def ensure_node_image(client: Any) -> str:
     """The node image's tag, built now (root first) if it is missing.
 
-    :raises ImageError: no Debian 12 mirror in apt's configuration, debootstrap or the build failed.
+    :raises ImageError: the Debian mirror does not answer, debootstrap or the build failed.
     """
     tag = node_tag()
     if _present(client, tag):
