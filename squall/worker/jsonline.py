@@ -53,12 +53,14 @@ def read_line(sock: socket.socket, *, limit: int) -> dict[str, Any]:
     :raises OSError: the socket failed or timed out.
     """
     buf = bytearray()
-    while b"\n" not in buf:
+    while True:
         chunk = sock.recv(RECV_BYTES)
         if not chunk:
             raise LineError(f"the peer closed the connection after {len(buf)} bytes, before a whole line")
         buf += chunk
-        if len(buf) > limit + 1 and b"\n" not in buf[: limit + 1]:
+        if b"\n" in chunk:  # only the new bytes are searched: a long line costs one pass
+            break
+        if len(buf) > limit:
             raise LineError(f"a line longer than the limit of {limit} bytes")
     line, _, rest = bytes(buf).partition(b"\n")
     if rest:
