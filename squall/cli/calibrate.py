@@ -15,18 +15,26 @@ Also runnable on its own: ``python -m squall.cli.calibrate calibrate --profile w
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, select_engine
-from squall.profiles import ProfileError, load_profile
+from squall.profiles import Profile, ProfileError, load_profile
 from squall.shaping.base import BACKENDS, ShapingError
+
+if TYPE_CHECKING:
+    from squall.calibration.segments import SegmentReport
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 4
+#: The longest stretch of a changing profile ``squall calibrate`` judges segment by segment unless told
+#: (``--over-time``): a trace of an hour is judged on its first two minutes.
+OVER_TIME_CAP_S = 120.0
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -53,9 +61,11 @@ def add_subparser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("--at", type=float, default=0.0, metavar="SECONDS", help="calibrate the links of this time")
     parser.add_argument("--quick", action="store_true", help="fewer packets for loss, shorter transfers")
     parser.add_argument("--over-time", type=float, default=None, metavar="SECONDS",
-                        help="judge the profile over time instead: each segment of its timeline (phases, trace "
+                        help="judge the profile over time only: each segment of its timeline (phases, trace "
                              "rows) in the first SECONDS, on link 0->1 (delay and loss per segment, rate on "
-                             "segments of 2 s or more); segments too short to judge are listed")
+                             "segments of 2 s or more); segments too short to judge are listed. A profile whose "
+                             f"links change is judged so by default too, after its first state, over its timeline "
+                             f"up to {OVER_TIME_CAP_S:g} s")
     parser.add_argument("--allow-host-limited", action="store_true",
                         help="exit 0 even if some rates could not be verified because the host cannot carry them")
     parser.set_defaults(func=cmd_calibrate)
@@ -113,6 +123,17 @@ def cmd_over_time(args: argparse.Namespace) -> int:
     return EXIT_PASSED if passed(report) else EXIT_FAILED
 
 
+def changing_span(profile: Profile) -> float | None:
+    """How long a changing profile's timeline is judged by default: one pass of its phases and traces, the
+    last segment included (as long as the one before it, at least 5 s), capped at :data:`OVER_TIME_CAP_S`;
+    None for a profile whose links hold still."""
+    times = sorted(profile.change_times())
+    if not times:
+        return None
+    last = times[-1] - times[-2] if len(times) > 1 else times[-1]
+    return min(OVER_TIME_CAP_S, times[-1] + max(5.0, last))
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``squall calibrate``."""
     if args.over_time is not None:
@@ -143,6 +164,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 with display.ticking("calibrating", expected=expected):
                     report = calibrate(profile, workers=workers, backend=args.backend, pairs=args.pairs,
                                        quick=args.quick, at=args.at, cluster=cluster, policy=HOST)
+                span = changing_span(profile) if args.at == 0 and args.pairs is None else None
+                segments = None
+                if span is not None:
+                    with display.ticking("judging every segment", expected=f"the first {span:g} s of the timeline"):
+                        segments = _segments(cluster, args.backend, profile, workers, span)
                 display.stage("teardown")
         finally:
             display.close()
@@ -152,13 +178,44 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ShapingError as exc:
         logger.error("shaping failed: %s", exc)
         return EXIT_FAILED
+    return _report(args, profile, report, segments, span)
+
+
+def _report(args: argparse.Namespace, profile: Profile, report: Any, segments: SegmentReport | None,
+            span: float | None) -> int:
+    """Print (and write with ``--json``) the calibration and the segments' judgement; the exit code."""
+    from squall.calibration.segments import passed, summary_table
+
+    text = report.to_json()
+    if segments is not None:
+        text = json.dumps({**json.loads(text), "segments": segments.to_dict()})
     if args.json is not None and str(args.json) == "-":
-        sys.stdout.write(report.to_json() + "\n")
+        sys.stdout.write(text + "\n")
     else:
         sys.stdout.write(report.format() + "\n")
+        if segments is not None and span is not None:
+            sys.stdout.write(f"\n{profile.name}'s links change over time: the above is its first state; every segment "
+                             f"of its first {span:g} s (one pass, at most {OVER_TIME_CAP_S:g} s; --over-time SECONDS "
+                             f"to choose), link 0->1:\n{summary_table(segments)}\n")
+            for note in segments.notes:
+                sys.stdout.write(f"note: {note}\n")
         if args.json is not None:
-            args.json.write_text(report.to_json() + "\n")
-    return EXIT_PASSED if report.passed(allow_host_limited=args.allow_host_limited) else EXIT_FAILED
+            args.json.write_text(text + "\n")
+    ok = report.passed(allow_host_limited=args.allow_host_limited) and (segments is None or passed(segments))
+    return EXIT_PASSED if ok else EXIT_FAILED
+
+
+def _segments(cluster: Any, backend: str | None, profile: Profile, workers: int, span: float) -> SegmentReport:
+    """Every segment of ``profile``'s timeline over ``span`` seconds, judged on ``cluster`` with a fresh shaper."""
+    from squall.calibration.segments import calibrate_segments
+    from squall.calibration.stalls import HOST
+    from squall.shaping import link_timeline
+
+    shaper = cluster.open_shaper(backend)
+    try:
+        return calibrate_segments(cluster, shaper, link_timeline(profile, workers, span), span, policy=HOST)
+    finally:
+        shaper.close()
 
 
 def main(argv: list[str] | None = None) -> int:

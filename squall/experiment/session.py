@@ -163,15 +163,13 @@ class Session:
             self.segments[key] = self._judge_segments(lab, profile, workers, seconds)
         return self.segments[key]
 
-    @staticmethod
-    def _judge_segments(lab: Lab, profile: str, workers: int, seconds: float | None) -> dict[str, Any] | None:
+    def _judge_segments(self, lab: Lab, profile: str, workers: int, seconds: float | None) -> dict[str, Any] | None:
         from squall.calibration.segments import calibrate_profile_over
 
         assert lab.cluster is not None and lab.shaper is not None
-
         try:
             report = calibrate_profile_over(profile, lab.cluster, lab.shaper, workers,
-                                            seconds if seconds is not None else 60.0)
+                                            seconds if seconds is not None else 60.0, policy=self.fidelity.policy)
             return report.to_dict() if report is not None else None
         except Exception as exc:  # a run is not refused for it: the report says it is missing
             logger.warning("%s: the per-segment calibration failed: %s", profile, exc)

@@ -65,3 +65,18 @@ def test_cli_writes_json_and_fails_when_the_links_differ_from_the_profile(
     by_metric = {row["metric"]: row for row in data["rows"]}
     assert by_metric["delay"]["verdict"] == "failed"  # ~5 ms measured, 10 ms configured
     assert by_metric["rate"]["verdict"] == "failed"  # ~1 Gbit/s measured, 20 Mbit/s configured
+
+
+def test_calibrating_a_traced_profile_judges_its_segments_by_default(docker_client: Any, worker_image: str,
+                                                                     tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, ``squall calibrate`` judged a traced profile's first row only and said nothing of the rest."""
+    profile = Path(__file__).parent / "profiles" / "three-steps.yaml"
+    out = tmp_path / "report.json"
+    code = cli_calibrate.main(["calibrate", "--profile", str(profile), "--workers", "2", "--pairs", "0->1",
+                               "--quick", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "three-steps's links change over time" in printed and "every segment of its first 11 s" in printed
+    segments = json.loads(out.read_text())["segments"]
+    assert [round(s["start_s"]) for s in segments["segments"]] == [0, 3, 6]  # every row of the trace, judged
+    assert code in (0, 1)  # the verdict is both judgements'; a busy host may make it unknown, never a crash
