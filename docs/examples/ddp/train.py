@@ -2,7 +2,7 @@ r"""A plain DDP training script written for torchrun: nothing in it knows about 
 
     torchrun --nproc-per-node 4 train.py                       # on one machine
     squall run --workers 4 --profile thin-20mbit \
-        --metric 'loss=loss (\S+)' --target 'loss<=0.8' -- python train.py   # on a bad network
+        --metric 'loss=loss (\S+)' --target 'loss<=1.0' -- python train.py   # on a bad network
     squall run ... -- python train.py --hook powersgd           # PyTorch's own PowerSGD hook
 
 env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher), the gloo backend,
