@@ -71,7 +71,7 @@ class Facts:
     cpus: int
     load: tuple[float, float, float]
     kernel: str
-    root: bool
+    root: bool  # privileged as a run needs: CAP_NET_ADMIN and CAP_SYS_ADMIN (squall.cluster.preflight)
 
 
 @dataclass(frozen=True)
@@ -138,11 +138,12 @@ def assess(facts: Facts) -> Assessment:
         problems.append(Problem("the worker image is not built for the current inputs",
                                 "run 'squall image build' (or 'make image')"))
     if not facts.root:
-        problems.append(Problem("not running as root: shaping needs CAP_NET_ADMIN in the containers' namespaces",
-                                "run squall as root (sudo)"))
+        problems.append(Problem("not root, or root without CAP_NET_ADMIN and CAP_SYS_ADMIN: shaping enters the "
+                                "containers' network namespaces and writes qdiscs there",
+                                "run squall as root (sudo); in a container, --cap-add NET_ADMIN --cap-add SYS_ADMIN"))
     by_name = {f.name: f for f in facts.features}
     missing = [n for n in BACKEND_NEEDS[backend] if n in by_name and not by_name[n].available]
-    if missing:
+    if missing and facts.root:  # unprivileged, the probes fail for that reason alone: said above
         problems.append(Problem(
             f"the {backend} backend needs {', '.join(missing)}, which this kernel lacks "
             f"({'; '.join(by_name[n].detail for n in missing)})",
@@ -185,7 +186,20 @@ def gather() -> Facts:
     netem = netem_probe()
     return Facts(engine=engine, netem_available=netem.available, netem_reason=netem.reason,
                  features=tuple(kernel_features()), image=image, cpus=os.cpu_count() or 1,
-                 load=os.getloadavg(), kernel=os.uname().release, root=os.geteuid() == 0)
+                 load=os.getloadavg(), kernel=os.uname().release, root=_privileged())
+
+
+def _privileged() -> bool:
+    """Whether this process has the capabilities a run needs (the preflight's own reading)."""
+    from pathlib import Path
+
+    from squall.cluster.preflight import CAPABILITIES, effective_capabilities
+
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    return effective_capabilities(status) >= set(CAPABILITIES)
 
 
 # -- printing -----------------------------------------------------------------------------------
