@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,9 @@ EXAMPLE = REPO / "docs" / "examples" / "ddp" / "train.py"
 KEEP = REPO / "results" / "compare-tests"
 METRIC = r"loss=step (?P<step>\d+) loss (?P<value>\S+)"
 TARGET = "loss<=1.2"  # every rank of the example passes it after about 30 steps
-DELAY_S = 0.05  # what the slower script adds to every step: about 1 s by the target, 2x its time on lan
+#: What the slower script adds to every step: about 6 s by the target, several times the example's time on lan,
+#: so the effect stands well clear of the run-to-run noise even on a busy host (docs/compare-statistics.md).
+DELAY_S = 0.2
 
 #: The example, every optimizer step made DELAY_S slower: the same script with a fixed cost per step.
 SLOW_WRAPPER = f"""import runpy, time
@@ -65,6 +68,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("project")
     shutil.copy(EXAMPLE, folder / "train.py")
     (folder / "slow.py").write_text(SLOW_WRAPPER)
+    for path in (folder / "train.py", folder / "slow.py"):
+        path.chmod(0o600)
     folder.chmod(0o700)
     return folder
 
@@ -78,15 +83,18 @@ def test_the_ddp_example_against_itself_is_the_same(project: Path) -> None:
     assert len(ttt["baseline"]) == len(ttt["candidate"]) == 5  # the default runs, every one kept
     assert ttt["ci_low"] <= ttt["ratio"] <= ttt["ci_high"]
     assert measure(obj, "lan", "final_loss")["verdict"] == "same"  # the same seed: the same losses
+    # the program ran as nobody from a copy: the user's private folder was not opened to anyone
+    assert stat.S_IMODE(project.stat().st_mode) == 0o700
+    assert stat.S_IMODE((project / "train.py").stat().st_mode) == 0o600
 
 
 def test_the_same_script_made_slower_per_step_is_worse(project: Path) -> None:
     code, obj = compare("--baseline", "python train.py --steps 40", "--candidate", "python slow.py --steps 40",
-                        "--profile", "lan", "--runs", "3", cwd=project, name="slower")
+                        "--profile", "lan", "--runs", "4", cwd=project, name="slower")
     ttt = measure(obj, "lan", "time_to_target_s")
     assert code == 1 and obj["regression"] is True and obj["verdict"] == "worse", json.dumps(obj)[:3000]
     assert ttt["verdict"] == "worse" and ttt["ci_low"] > 1.0
-    assert measure(obj, "lan", "step_interval_s")["ratio"] > 1.5  # 50 ms on a step of a few tens of ms
+    assert measure(obj, "lan", "step_interval_s")["ratio"] > 2  # 200 ms on a step of a few tens of ms
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -106,7 +114,7 @@ def test_ref_finds_a_slower_commit(tmp_path: Path) -> None:
     (repo / "train.py").write_text(source.replace("        optimizer.step()\n",
                                                   f"        optimizer.step()\n        time.sleep({DELAY_S})\n"))
     _git(repo, "commit", "-q", "-am", "a slower step")
-    code, obj = compare("--ref", "HEAD~1", "--profile", "lan", "--runs", "3", "--", "python", "train.py", "--steps",
+    code, obj = compare("--ref", "HEAD~1", "--profile", "lan", "--runs", "4", "--", "python", "train.py", "--steps",
                         "40", cwd=repo, name="ref")
     assert code == 1 and obj["regression"] is True, json.dumps(obj)[:3000]
     assert "HEAD~1" in obj["baseline"] and "as it is now" in obj["candidate"]
@@ -122,8 +130,8 @@ def test_powersgd_against_ddp_on_two_profiles(project: Path) -> None:
     for profile in ("lan", "thin-20mbit"):
         sent = measure(obj, profile, "bytes_sent")
         assert sent["verdict"] == "better" and sent["ci_high"] < 0.5, sent  # rank-2 factors, not the gradient
-        ttt = measure(obj, profile, "time_to_target_s")
-        assert ttt["verdict"] in ("better", "worse", "same", "unknown") and len(ttt["candidate"]) == 3
-    thin = measure(obj, "thin-20mbit", "time_to_target_s")
-    assert thin["verdict"] == "better", thin  # on a thin link the bytes saved are time saved
+        # the same seed gives the same losses: PowerSGD's approximation costs loss per step, on every network
+        assert measure(obj, profile, "final_loss")["verdict"] == "worse"
+        ttt = measure(obj, profile, "time_to_target_s")  # which wins in time depends on the link: reported
+        assert len(ttt["candidate"]) == 3 and (ttt["ci_low"] is None or ttt["ci_low"] <= ttt["ratio"] <= ttt["ci_high"])
     assert code == 0 and obj["regression"] is False
