@@ -1,7 +1,8 @@
 """The options every protocol of the family reads the same way: the inner optimiser and the averaging.
 
-A builder (``(transport, sgd, options) -> Algorithm``) pops what it understands from ``options``;
-these helpers pop the shared keys:
+:class:`LowCommOptions` is the base of each protocol's options dataclass (DiLoCo's, Streaming
+DiLoCo's, SPARTA's; ``ddp_adamw`` takes exactly these), read from ``algorithm_args`` by
+:func:`squall.training.options.read_options`:
 
 ==================  ==========================================================================
 ``inner``           ``adamw`` (default) or ``sgd`` (the run's ``momentum``, ``nesterov``,
@@ -14,11 +15,16 @@ these helpers pop the shared keys:
 ``payload``         the run's emulated payload (the train job puts the run's ``payload`` key here)
 ``timeout``         deadline of each send and receive, s [the transport's]
 ==================  ==========================================================================
+
+:func:`check_positive_int` and :func:`check_fraction` are the range checks the protocols' own
+options share.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from squall.lowcomm.average import Averager
 from squall.training.compress import COMPRESSORS
@@ -34,64 +40,59 @@ BETAS: Final = (0.9, 0.95)
 INNER_WD: Final = 0.1
 
 
-def inner_optimizer(sgd: Sgd, options: dict[str, Any]) -> LocalOptimizer:
-    """The inner (local) optimiser: AdamW from the options, or the run's SGD."""
-    kind = str(options.pop("inner", "adamw"))
-    betas = options.pop("betas", BETAS)
-    eps = float(options.pop("eps", 1e-8))
-    wd = float(options.pop("inner_wd", INNER_WD))
-    if kind not in INNER:
-        raise ValueError(f"inner must be one of {INNER}, got {kind!r}")
-    if kind == "sgd":
-        return sgd
-    if not isinstance(betas, list | tuple) or len(betas) != 2:
-        raise ValueError(f"betas must be two numbers [beta1, beta2], got {betas!r}")
-    return AdamW(AdamWConfig(beta1=float(betas[0]), beta2=float(betas[1]), eps=eps, weight_decay=wd))
+@dataclass(frozen=True)
+class LowCommOptions:
+    """The family's shared options (see the module docstring); a protocol's options class extends it."""
+
+    inner: Literal["adamw", "sgd"] = "adamw"  # the inner (local) optimiser
+    betas: tuple[float, float] = BETAS  # AdamW's beta1, beta2
+    eps: float = 1e-8  # AdamW's epsilon
+    inner_wd: float = INNER_WD  # AdamW's decoupled weight decay
+    compression: str = "none"  # "none", a compressor id, or an alias (ALIASES)
+    compression_args: Mapping[str, Any] | None = None  # the compressor's keyword arguments
+    payload: Any = None  # the run's emulated payload (Payload.parse input); None: the model's own bytes
+    timeout: float | None = None  # per send and receive (None: the transport's default)
+
+    def __post_init__(self) -> None:
+        self.compressor()  # checks compression and compression_args
+        Payload.parse(self.payload)  # checks the payload
+
+    def inner_optimizer(self, sgd: Sgd) -> LocalOptimizer:
+        """The inner (local) optimiser: AdamW from these options, or the run's SGD."""
+        if self.inner == "sgd":
+            return sgd
+        beta1, beta2 = self.betas
+        return AdamW(AdamWConfig(beta1=beta1, beta2=beta2, eps=self.eps, weight_decay=self.inner_wd))
+
+    def compressor(self) -> Compression | None:
+        """The compressor named by ``compression`` (with ``compression_args``), or None."""
+        args = dict(self.compression_args or {})
+        if self.compression == "none":
+            if args:
+                raise ValueError(f"compression_args {sorted(args)} given without a compression")
+            return None
+        name = ALIASES.get(self.compression, self.compression)
+        cls = COMPRESSORS.get(name)
+        if cls is None:
+            raise ValueError(f"unknown compression {name!r}; allowed: none, {sorted(COMPRESSORS)} or {sorted(ALIASES)}")
+        try:
+            return cls(**args)
+        except TypeError as exc:
+            raise ValueError(f"compression {name!r}: bad compression_args {sorted(args)}: {exc}") from exc
+
+    def averager(self, transport: Transport) -> Averager:
+        """The averaging seam from ``payload``, ``compression``, ``compression_args`` and ``timeout``."""
+        return Averager(transport, payload=Payload.parse(self.payload), compression=self.compressor(),
+                        timeout=self.timeout)
 
 
-def compressor(options: dict[str, Any], *, default: str = "none") -> Compression | None:
-    """The compressor named by ``compression`` (with ``compression_args``), or None."""
-    name = str(options.pop("compression", default))
-    args = options.pop("compression_args", {}) or {}
-    if name == "none":
-        if args:
-            raise ValueError(f"compression_args {sorted(args)} given without a compression")
-        return None
-    name = ALIASES.get(name, name)
-    cls = COMPRESSORS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown compression {name!r}; allowed: none, {sorted(COMPRESSORS)} or {sorted(ALIASES)}")
-    if not isinstance(args, dict):
-        raise ValueError(f"compression_args must be a mapping, got {args!r}")
-    try:
-        return cls(**args)
-    except TypeError as exc:
-        raise ValueError(f"compression {name!r}: bad compression_args {sorted(args)}: {exc}") from exc
-
-
-def averager(transport: Transport, options: dict[str, Any], *, compression: str = "none") -> Averager:
-    """The averaging seam from ``payload``, ``compression``, ``compression_args`` and ``timeout``."""
-    timeout = options.pop("timeout", None)
-    return Averager(transport, payload=Payload.parse(options.pop("payload", None)),
-                    compression=compressor(options, default=compression),
-                    timeout=None if timeout is None else float(timeout))
-
-
-def positive_int(options: dict[str, Any], key: str, default: int) -> int:
-    """``options[key]`` as an integer >= 1 (popped)."""
-    value = options.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def check_positive_int(key: str, value: int) -> None:
+    """Refuse ``value`` unless it is an integer >= 1."""
+    if value < 1:
         raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-    return value
 
 
-def fraction(options: dict[str, Any], key: str, default: float, *, low: float = 0.0, high: float = 1.0,
-             open_low: bool = True) -> float:
-    """``options[key]`` as a float in ``(low, high]`` (``[low, high]`` when not ``open_low``), popped."""
-    value = options.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key} must be a number, got {value!r}")
-    number = float(value)
-    if not (low < number if open_low else low <= number) or number > high:
-        raise ValueError(f"{key} must be in {'(' if open_low else '['}{low:g}, {high:g}], got {number}")
-    return number
+def check_fraction(key: str, value: float, *, low: float = 0.0, high: float = 1.0, open_low: bool = True) -> None:
+    """Refuse ``value`` unless it is in ``(low, high]`` (``[low, high]`` when not ``open_low``)."""
+    if not (low < value if open_low else low <= value) or value > high:
+        raise ValueError(f"{key} must be in {'(' if open_low else '['}{low:g}, {high:g}], got {value}")

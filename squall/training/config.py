@@ -34,39 +34,46 @@ from typing import Any
 from squall.job import JobContext
 from squall.training.loop import LoopConfig, Target
 from squall.training.optim import LrSchedule, SgdConfig
+from squall.training.options import read_options
 from squall.training.payload import Payload
 from squall.training.tasks import Task, make_task
 
-KEYS = frozenset(
-    {
-        "task",
-        "task_args",
-        "sharding",
-        "ballast_mb",
-        "algorithm",
-        "algorithm_args",
-        "steps",
-        "seconds",
-        "lr",
-        "lr_schedule",
-        "momentum",
-        "nesterov",
-        "weight_decay",
-        "batch_size",
-        "eval_every",
-        "check_every",
-        "metrics_every",
-        "target",
-        "seed",
-        "device",
-        "payload",
-        "port",
-        "timeout",
-    }
-)
 DEFAULT_PORT = 29500
 DEFAULT_STEPS = 100
 DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class TrainingKeys:
+    """The JSON keys of a training job's config as read (the module docstring's table).
+
+    :class:`RunConfig` is built from them: budgets, evaluation and learning rate go to its ``loop``,
+    the optimiser's settings to its ``sgd``.
+    """
+
+    task: str = "logreg_digits"  # task name (squall.training.tasks.TASKS)
+    task_args: Mapping[str, Any] = field(default_factory=dict)  # the task's keyword arguments
+    sharding: Any = None  # Sharding.parse input; None keeps the task's default
+    ballast_mb: float = 0.0  # inert parameters, MiB
+    algorithm: str = "allreduce"  # algorithm name
+    algorithm_args: Mapping[str, Any] = field(default_factory=dict)  # the algorithm's options
+    steps: int | None = None  # step budget (None with no seconds either: DEFAULT_STEPS)
+    seconds: float | None = None  # wall-clock budget
+    lr: float = 0.1  # learning rate
+    lr_schedule: Mapping[str, Any] | None = None  # LrSchedule.from_config input
+    momentum: float = 0.0  # SGD momentum
+    nesterov: bool = False  # Nesterov momentum
+    weight_decay: float = 0.0  # SGD weight decay
+    batch_size: int = 32  # per-rank minibatch
+    eval_every: int = 50  # steps between evaluations
+    check_every: int | None = None  # steps between stop votes (None: eval_every)
+    metrics_every: int = 1  # steps between metrics records
+    target: Any = None  # Target.from_mapping input (it names what is wrong): stop when reached
+    seed: int | None = None  # run seed (None: the job's)
+    device: Mapping[str, Any] | None = None  # DeviceModel.from_config input
+    payload: Any = None  # Payload.parse input
+    port: int = DEFAULT_PORT  # data-plane TCP port
+    timeout: float = DEFAULT_TIMEOUT_S  # transport deadline, s
 
 
 @dataclass(frozen=True)
@@ -89,47 +96,37 @@ class RunConfig:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], *, default_seed: int = 0, max_seconds: float | None = None) -> RunConfig:
         """Validate ``obj``; ``max_seconds`` caps the wall-clock budget (e.g. the job's time left)."""
-        unknown = sorted(set(obj) - KEYS)
-        if unknown:
-            raise ValueError(f"training config has unknown keys {unknown}; allowed: {sorted(KEYS)}")
-        steps = obj.get("steps")
-        seconds = obj.get("seconds")
+        keys = read_options(TrainingKeys, obj, where="training config")
+        steps, seconds = keys.steps, keys.seconds
         if steps is None and seconds is None:
             steps = DEFAULT_STEPS
         if max_seconds is not None and max_seconds < float("inf"):
-            seconds = max_seconds if seconds is None else min(float(seconds), max_seconds)
-        steps = None if steps is None else int(steps)
-        eval_every = int(obj.get("eval_every", 50))
-        check = obj.get("check_every")
+            seconds = max_seconds if seconds is None else min(seconds, max_seconds)
         loop = LoopConfig(
-            lr=LrSchedule.from_config(float(obj.get("lr", 0.1)), obj.get("lr_schedule"), total_steps=steps),
+            lr=LrSchedule.from_config(keys.lr, keys.lr_schedule, total_steps=steps),
             steps=steps,
-            seconds=None if seconds is None else float(seconds),
-            batch_size=int(obj.get("batch_size", 32)),
-            eval_every=eval_every,
-            check_every=None if check is None else int(check),
-            target=Target.from_mapping(obj.get("target")),
-            seed=int(obj.get("seed", default_seed)),
-            metrics_every=int(obj.get("metrics_every", 1)),
+            seconds=seconds,
+            batch_size=keys.batch_size,
+            eval_every=keys.eval_every,
+            check_every=keys.check_every,
+            target=Target.from_mapping(keys.target),
+            seed=default_seed if keys.seed is None else keys.seed,
+            metrics_every=keys.metrics_every,
         )
-        sgd = SgdConfig(
-            momentum=float(obj.get("momentum", 0.0)),
-            nesterov=bool(obj.get("nesterov", False)),
-            weight_decay=float(obj.get("weight_decay", 0.0)),
-        )
+        sgd = SgdConfig(momentum=keys.momentum, nesterov=keys.nesterov, weight_decay=keys.weight_decay)
         return cls(
-            task=str(obj.get("task", "logreg_digits")),
-            task_args=dict(obj.get("task_args", {})),
-            sharding=obj.get("sharding"),
-            ballast_mb=float(obj.get("ballast_mb", 0.0)),
-            algorithm=str(obj.get("algorithm", "allreduce")),
-            algorithm_args=dict(obj.get("algorithm_args", {})),
+            task=keys.task,
+            task_args=keys.task_args,
+            sharding=keys.sharding,
+            ballast_mb=keys.ballast_mb,
+            algorithm=keys.algorithm,
+            algorithm_args=keys.algorithm_args,
             loop=loop,
             sgd=sgd,
-            device=dict(obj.get("device") or {}),
-            payload=_payload(obj.get("payload")),
-            port=int(obj.get("port", DEFAULT_PORT)),
-            timeout=float(obj.get("timeout", DEFAULT_TIMEOUT_S)),
+            device=dict(keys.device or {}),
+            payload=_payload(keys.payload),
+            port=keys.port,
+            timeout=keys.timeout,
         )
 
     def algorithm_options(self) -> dict[str, Any]:

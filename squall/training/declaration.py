@@ -14,7 +14,7 @@ imports nothing from the protocols, so a declaration module stays cheap to read.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +31,13 @@ NEEDS: Mapping[str, str] = MappingProxyType({
     "torch_distributed": "needs torch.distributed with the gloo backend in the worker image",
 })
 
-#: ``(transport, local optimiser, options) -> Algorithm``; pops the options it understands and
-#: leaves the rest, which :func:`~squall.training.algorithms.make_algorithm` rejects.
-Builder = Callable[["Transport", "Sgd", dict[str, Any]], "Algorithm"]
+#: ``(transport, local optimiser, options) -> Algorithm``. ``options`` is an instance of the
+#: declaration's options dataclass, read from ``config["algorithm_args"]`` by
+#: :func:`squall.training.options.read_options` (so its fields are the keys the algorithm takes);
+#: a declaration without one (a builder written elsewhere before options classes) gets a ``dict``
+#: instead, pops the keys it understands, and :func:`squall.protocols.catalog.make_algorithm`
+#: rejects the rest.
+Builder = Callable[["Transport", "Sgd", Any], "Algorithm"]
 
 
 class DeclarationError(ValueError):
@@ -101,12 +105,15 @@ class AlgorithmDeclaration:
 
     name: str  # what ``config["algorithm"]`` says
     build: Builder  # see Builder
-    options: str = ""  # one line: the options it takes, for listings
+    options: type[Any] | None = None  # frozen dataclass of its options (its fields are the keys); see Builder
 
     def __post_init__(self) -> None:
         _check_name("algorithm", self.name)
         if not callable(self.build):
             raise DeclarationError(f"algorithm {self.name!r}: build must be callable")
+        if self.options is not None and not (isinstance(self.options, type) and is_dataclass(self.options)):
+            raise DeclarationError(f"algorithm {self.name!r}: options must be a dataclass (its fields are the "
+                                   f"keys the algorithm takes), got {self.options!r}")
 
 
 #: Anything a declaration module or entry point may hold.

@@ -50,17 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-KEYS = (
-    "node",
-    "seed",
-    "step_time_s",
-    "slowdown",
-    "straggler_probability",
-    "straggler_factor",
-    "noise_sigma",
-    "microbatch_noise",
-    "microbatch_delay_factor",
-)
+from squall.training.options import option_keys, read_options
 
 DROPCOMPUTE_LOGNORMAL: Final = "dropcompute-lognormal"  # the one micro-batch noise distribution
 MICROBATCH_NOISES: Final = (DROPCOMPUTE_LOGNORMAL,)
@@ -157,25 +147,9 @@ class DeviceModel:
 
     @classmethod
     def from_config(cls, obj: Mapping[str, Any] | None, *, node: int) -> DeviceModel:
-        """From JSON (e.g. the harness's ``DeviceSpec.to_dict()``); ``node`` applies unless given."""
-        if not obj:
-            return cls(node=node)
-        unknown = sorted(set(obj) - set(KEYS))
-        if unknown:
-            raise ValueError(f"device config has unknown keys {unknown}; allowed: {list(KEYS)}")
-        step_time = obj.get("step_time_s")
-        noise = obj.get("microbatch_noise")
-        return cls(
-            node=int(obj.get("node", node)),
-            seed=int(obj.get("seed", 0)),
-            step_time_s=None if step_time is None else float(step_time),
-            slowdown=float(obj.get("slowdown", 1.0)),
-            straggler_probability=float(obj.get("straggler_probability", 0.0)),
-            straggler_factor=float(obj.get("straggler_factor", 1.0)),
-            noise_sigma=float(obj.get("noise_sigma", 0.0)),
-            microbatch_noise=None if noise is None else str(noise),
-            microbatch_delay_factor=float(obj.get("microbatch_delay_factor", 0.0)),
-        )
+        """From JSON (e.g. the harness's ``DeviceSpec.to_dict()``; its keys are the fields); ``node`` applies
+        unless given."""
+        return read_options(cls, {"node": node, **(obj or {})}, where="device config")
 
     @property
     def emulated(self) -> bool:
@@ -226,8 +200,8 @@ class DeviceModel:
         return max(0.0, real_s - self.nominal_time(step, real_s))
 
     def settings(self) -> dict[str, Any]:
-        """The configuration as plain data (the keys of :data:`KEYS`), for results."""
-        return {key: getattr(self, key) for key in KEYS}
+        """The configuration as plain data (its fields, the keys of :meth:`from_config`), for results."""
+        return {key: getattr(self, key) for key in option_keys(DeviceModel)}
 
     def padding(self, step: int, real_s: float) -> float:
         """Seconds to sleep after real compute of ``real_s`` so that the step lasts :meth:`compute_time`."""

@@ -24,6 +24,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
@@ -31,6 +32,11 @@ T = TypeVar("T")
 
 class OptionsError(ValueError):
     """An options object does not fit its class: an unknown key, or a value of the wrong type."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of something that takes none: any key is refused."""
 
 
 def option_keys(cls: type[Any]) -> tuple[str, ...]:

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from squall.training.compress import COMPRESSORS, SCHEMAS, GroupQuant, RandK, TopK
-from squall.training.compress.feedback import ErrorFeedback, FeedbackConfig, feedback_options
+from squall.training.compress.feedback import ErrorFeedback, FeedbackConfig, FeedbackOptions
 from squall.training.compress.quant import FLOAT16_MAX, quantize, round_trip
 from squall.training.compress.randk import shared_indices, shared_seed
 from squall.training.compress.topk import count_for
+from squall.training.options import read_options
 from squall.wire import ParamKind, WireError, pack_compressed, unpack_compressed
 from squall.wire.compressed import pack_fields
 
@@ -186,11 +187,10 @@ def test_error_feedback_variants_follow_their_recurrences() -> None:
 
 def test_feedback_settings_are_checked_naming_the_key_and_what_is_allowed() -> None:
     with pytest.raises(ValueError, match=r"ef = 'ef99' is not an error-feedback variant; allowed: \['none'"):
-        feedback_options({"ef": "ef99"}, default="ef14")
+        read_options(FeedbackOptions, {"ef": "ef99"}, where="feedback")
     with pytest.raises(ValueError, match=r"beta = 1.0 must be in \[0, 1\)"):
         FeedbackConfig(beta=1.0)
-    with pytest.raises(ValueError, match="dense_start = 'yes' must be true or false"):
-        feedback_options({"dense_start": "yes"}, default="ef14")
-    options = {"ef": "ef21", "beta": 0.5, "dense_start": False, "ratio": 0.1}
-    assert feedback_options(options, default="none") == FeedbackConfig("ef21", 0.5, False)
-    assert options == {"ratio": 0.1}  # what it does not know stays for the builder
+    with pytest.raises(ValueError, match="feedback: option dense_start='yes' is not allowed: true or false"):
+        read_options(FeedbackOptions, {"dense_start": "yes"}, where="feedback")
+    options = read_options(FeedbackOptions, {"ef": "ef21", "beta": 0.5, "dense_start": False}, where="feedback")
+    assert options.feedback() == FeedbackConfig("ef21", 0.5, False)

@@ -25,10 +25,11 @@ from squall.protocols.al_dsgd.rule import (
     plan,
 )
 from squall.protocols.al_dsgd.schedule import GraphSchedule
-from squall.protocols.al_dsgd.sgd import ALDSGD, NAME, LossTap, build
+from squall.protocols.al_dsgd.sgd import ALDSGD, NAME, AlDsgdOptions, LossTap, build
 from squall.protocols.catalog import lookup
 from squall.training.loop import LoopConfig, train
 from squall.training.optim import LrSchedule, Sgd
+from squall.training.options import read_options
 from squall.training.tasks import LeastSquares, make_task
 from squall.training.vote import TransportVote
 from squall.transport import Transport, inproc_mesh
@@ -103,27 +104,28 @@ def test_rule_config_rejects_pulls_summing_to_one() -> None:
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"switch_every": 0}, "switch_every must be an integer >= 1, got 0"),
-    ({"switch_every": 2.5}, "switch_every must be an integer >= 1, got 2.5"),
+    ({"switch_every": 2.5}, "switch_every=2.5 is not allowed: an integer"),
     ({"topologies": ["ring", "nosuch"]}, r"topologies \['nosuch'\] unknown; allowed: \('ring'"),
-    ({"topologies": "ring"}, "topologies must be a list of graph names"),
+    ({"topologies": "ring"}, r"topologies='ring' is not allowed: null or a list of \(a string\)"),
     ({"topologies": []}, "topologies must be a non-empty list"),
     ({"topology": "ring", "topologies": ["ring"]}, "topology or topologies, not both"),
-    ({"relabel": "yes"}, "relabel must be true or false"),
-    ({"graph_seed": 1.5}, "graph_seed must be an integer"),
+    ({"relabel": "yes"}, "relabel='yes' is not allowed: true or false"),
+    ({"graph_seed": 1.5}, "graph_seed=1.5 is not allowed: an integer"),
     ({"lambda_best": 2}, r"lambda_best must be a number in \[0, 1\), got 2"),
 ])
 def test_build_rejects_bad_options(options: dict[str, Any], message: str) -> None:
     transport = inproc_mesh(4)[0]
     with pytest.raises(ValueError, match=message):
-        build(transport, Sgd(), dict(options))
+        build(transport, Sgd(), read_options(AlDsgdOptions, options, where=f"algorithm {NAME!r}"))
 
 
-def test_build_takes_its_options_and_leaves_the_rest() -> None:
-    options = {**DEFAULT_ARGS, "timeout": 3, "bogus": 1}
+def test_build_reads_its_options_and_refuses_unknown_ones() -> None:
+    options = read_options(AlDsgdOptions, {**DEFAULT_ARGS, "timeout": 3}, where=f"algorithm {NAME!r}")
     algorithm = build(inproc_mesh(8)[0], Sgd(), options)
-    assert options == {"bogus": 1}
     assert algorithm.schedule.topologies == ("ring",) and algorithm.schedule.switch_every == 10
     assert algorithm.rule == RuleConfig() and algorithm.timeout == 3.0
+    with pytest.raises(ValueError, match=r"algorithm 'al_dsgd': unknown option\(s\) \['bogus'\]; allowed: \["):
+        read_options(AlDsgdOptions, {**DEFAULT_ARGS, "bogus": 1}, where=f"algorithm {NAME!r}")
 
 
 def test_declaration_runs_its_own_job_with_the_paper() -> None:
@@ -235,7 +237,7 @@ def test_without_scores_pulls_or_relabelling_it_is_dpsgd_step_for_step() -> None
     n, steps = 6, 12
 
     async def rank(t: Transport) -> tuple[torch.Tensor, torch.Tensor]:
-        options = {"adapt": 0.0, "lambda_best": 0.0, "lambda_degree": 0.0, "relabel": False, "switch_every": 3}
+        options = AlDsgdOptions(adapt=0.0, lambda_best=0.0, lambda_degree=0.0, relabel=False, switch_every=3)
         al = build(t, Sgd(), options)
         dpsgd = GossipSGD(graph_mixer(t, "ring"), optimizer=Sgd())
         x = y = torch.full((4,), float(t.rank))
@@ -276,7 +278,7 @@ def test_converges_on_heterogeneous_least_squares_and_reaches_consensus() -> Non
     checkpoints = (0, 50, steps)
 
     async def rank(t: Transport) -> dict[int, torch.Tensor]:
-        algorithm = build(t, Sgd(), {"switch_every": 5, "graph_seed": 1})
+        algorithm = build(t, Sgd(), AlDsgdOptions(switch_every=5, graph_seed=1))
         tapped = LossTap(task, algorithm.observe_loss)
         x = torch.randn(task.dim, generator=torch.Generator().manual_seed(100 + t.rank)) * 3.0  # spread out
         batches = tapped.batches(t.rank, n, 0, 16)
@@ -306,7 +308,7 @@ def test_the_shared_loop_drives_it_through_the_loss_tap() -> None:
 
     async def rank(t: Transport) -> tuple[Any, list[dict[str, Any]]]:
         task = make_task("logreg_digits", sharding={"kind": "label", "shards_per_rank": 2})
-        algorithm = build(t, Sgd(), {"switch_every": 10})
+        algorithm = build(t, Sgd(), AlDsgdOptions(switch_every=10))
         records: list[dict[str, Any]] = []
         config = LoopConfig(lr=LrSchedule(0.2), steps=steps, eval_every=steps, batch_size=16, seed=1)
         result = await train(LossTap(task, algorithm.observe_loss), algorithm, config, rank=t.rank, world_size=n,

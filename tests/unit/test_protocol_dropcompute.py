@@ -24,6 +24,7 @@ from squall.protocols.dropcompute.protocol import BASELINE, NAME
 from squall.protocols.dropcompute.threshold import best_threshold, candidates, cut, estimate
 from squall.protocols.dropcompute.trainer import DropComputeError, DropComputeTrainer, normalise
 from squall.training.optim import LrSchedule
+from squall.training.options import read_options
 from squall.training.run import LoopConfig, TrainResult
 from squall.training.tasks import make_task
 from squall.training.tasks.base import Batch, Task
@@ -122,22 +123,22 @@ def test_bad_timing_tables_are_refused(bad: np.ndarray) -> None:
     ({"tau": -1}, "tau"), ({"tau": "fast"}, "tau"), ({"tau": float("inf")}, "tau"),
     ({"normalisation": "mean"}, "normalisation"), ({"min_drop_step": -1}, "min_drop_step"),
     ({"threshold_step": 0}, "threshold_step"), ({"candidates": 0}, "candidates"),
-    ({"heartbeat_s": 0}, "heartbeat_s"), ({"taus": 1}, "unknown keys"),
+    ({"heartbeat_s": 0}, "heartbeat_s"), ({"taus": 1}, r"unknown option\(s\) \['taus'\]"),
 ])
 def test_bad_options_are_refused_naming_the_key(args: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        DropComputeOptions.from_json(args)
+        read_options(DropComputeOptions, args, where="dropcompute options")
 
 
 def test_declaration_defaults_parse() -> None:
     decl = lookup(NAME)
-    options = DropComputeOptions.from_json(decl.config["algorithm_args"])
+    options = read_options(DropComputeOptions, decl.config["algorithm_args"], where="dropcompute options")
     assert options.auto and options.micro_batches == 8 and options.min_drop_step == MIN_DROP_STEP == 5
     assert options.threshold_step == 50 and options.candidates == 200
     assert "device_model" in decl.needs and decl.paper.startswith("DropCompute")
     baseline = lookup(BASELINE)
     assert baseline.entry == decl.entry == NAME
-    off = DropComputeOptions.from_json(baseline.config["algorithm_args"])
+    off = read_options(DropComputeOptions, baseline.config["algorithm_args"], where="dropcompute options")
     assert off.tau is None and off.fixed_tau_s is None and not off.auto and off.micro_batches == 8
 
 

@@ -17,6 +17,7 @@ from squall.protocols.lossy_sgd.inbox import Inbox
 from squall.protocols.lossy_sgd.options import LossyOptions
 from squall.protocols.lossy_sgd.packets import Layout, Packet, Phase, datagram_bytes, encode_packets
 from squall.protocols.lossy_sgd.protocol import NAME, NORESYNC
+from squall.training.options import read_options
 from squall.wire import HEADER_SIZE, MTU_DATAGRAM
 
 N, P, TRIALS = 8, 0.1, 10_000
@@ -163,15 +164,15 @@ def test_inbox_stops_waiting_for_a_peer_that_said_goodbye() -> None:
 
 # -- options and declarations ------------------------------------------------------------------------------
 def test_options_validate_and_name_the_key() -> None:
-    assert LossyOptions.from_json({}) == LossyOptions()
+    assert read_options(LossyOptions, {}, where="lossy_sgd options") == LossyOptions()
     for bad, key in (({"estimator": "median"}, "estimator"), ({"deadline_s": 0}, "deadline_s"),
                      ({"assumed_loss": 1.0}, "assumed_loss"), ({"mtu": 100}, "mtu"), ({"window": 0}, "window"),
                      ({"resync": "yes"}, "resync"), ({"spread_s": 0.001}, "spread_s"),
                      ({"max_wait_s": 0.001}, "max_wait_s"), ({"drift_every": 0}, "drift_every")):
         with pytest.raises(ValueError, match=f"option {key}="):
-            LossyOptions.from_json(bad)
-    with pytest.raises(ValueError, match="unknown keys"):
-        LossyOptions.from_json({"retransmit": True})
+            read_options(LossyOptions, bad, where="lossy_sgd options")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['retransmit'\]; allowed: \['resync'"):
+        read_options(LossyOptions, {"retransmit": True}, where="lossy_sgd options")
 
 
 def test_both_declarations_run_the_one_job_and_differ_in_resync() -> None:

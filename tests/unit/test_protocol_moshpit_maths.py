@@ -22,6 +22,7 @@ from squall.protocols.moshpit.partition import (
     shard_bounds,
     weighted_mean,
 )
+from squall.training.options import read_options
 from squall.wire import Message
 
 EXACT_TOLERANCE = 1e-12
@@ -226,10 +227,11 @@ def test_control_messages_round_trip_and_reject_garbage() -> None:
 
 
 def test_options_validate_and_build_the_grid() -> None:
-    options = MoshpitOptions.from_json({"group_size": 4, "local_steps": 2, "overlap": False, "alpha": 0.5})
+    options = read_options(MoshpitOptions, {"group_size": 4, "local_steps": 2, "overlap": False, "alpha": 0.5},
+                           where="moshpit options")
     assert options.grid(8) == Grid(4, 2) and options.averager().allreduce.alpha == 0.5
-    with pytest.raises(ValueError, match="unknown moshpit options"):
-        MoshpitOptions.from_json({"group": 4})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['group'\]; allowed: \['group_size'"):
+        read_options(MoshpitOptions, {"group": 4}, where="moshpit options")
     with pytest.raises(ValueError, match="fewer than"):
         MoshpitOptions(dims=2).grid(5)
     with pytest.raises(ValueError, match="sender_timeout_s < reducer_timeout_s"):

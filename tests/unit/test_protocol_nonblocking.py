@@ -23,6 +23,7 @@ from squall.training.config import RunConfig
 from squall.training.declaration import Declaration
 from squall.training.microbatch import accumulate
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import TrainResult
 from squall.training.tasks import make_task
 from squall.training.tasks.base import Batch, SupervisedTask
@@ -139,7 +140,7 @@ def test_a_missing_mixer_is_refused_with_its_reference() -> None:
 ])
 def test_options_name_the_bad_key_and_value(args: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key.replace("(", r"\(")):
-        NonblockingOptions.from_json(args)
+        read_options(NonblockingOptions, args, where="nonblocking options")
 
 
 def test_a_batch_that_does_not_split_is_refused() -> None:
@@ -152,7 +153,7 @@ def test_three_declarations_with_paper_and_needs() -> None:
     assert set(declared) == set(NAMES) == {RING, DPSGD, MATCHA}
     for d in declared.values():
         assert "2211.00889" in d.paper and {"tcp", "device_model"} <= d.needs
-        NonblockingOptions.from_json(d.config["algorithm_args"])  # valid
+        read_options(NonblockingOptions, d.config["algorithm_args"], where="nonblocking options")  # valid
 
 
 # -- signals --------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def run_world(name: str, world: int, steps: int, *, batch_size: int, microbatche
     args = dict(declared_config(name).algorithm_args, microbatches=microbatches)
     config = declared_config(name, steps=steps, batch_size=batch_size, lr=0.5, eval_every=steps,
                              algorithm_args=args)
-    options = NonblockingOptions.from_json(config.algorithm_args)
+    options = read_options(NonblockingOptions, config.algorithm_args, where="nonblocking options")
     transports = inproc_mesh(world)
     records: list[list[dict[str, Any]]] = [[] for _ in range(world)]
     seen: list[list[int]] = [[] for _ in range(world)]
@@ -348,7 +349,7 @@ def test_each_variant_learns_digits_and_someone_triggers_every_step(name: str) -
 def test_a_peer_gone_mid_run_fails_the_others_instead_of_hanging() -> None:
     world = 3
     config = declared_config(RING, steps=10_000, batch_size=32, lr=0.5, eval_every=10_000)
-    options = NonblockingOptions.from_json(config.algorithm_args)
+    options = read_options(NonblockingOptions, config.algorithm_args, where="nonblocking options")
     transports = inproc_mesh(world, default_timeout=30.0)
     task = make_task("logreg_digits")
     trainers = [trainer_for(task, t, config, options, rank=t.rank, world_size=world)[0] for t in transports]

@@ -21,6 +21,7 @@ from squall.protocols.swarm.options import SwarmOptions
 from squall.protocols.swarm.schedule import choose_partner, local_steps, node_rng, random_regular_graph, swarm_graph
 from squall.training.compress import LatticeCompressor
 from squall.training.compress.lattice import Encoded, encode, quantize
+from squall.training.options import read_options
 from squall.wire import Message, ParamKind, decode_frame, encode_message
 from squall.wire.compressed import pack_fields
 
@@ -169,12 +170,13 @@ def test_local_steps_are_geometric_with_the_given_mean_and_partners_uniform() ->
 
 
 def test_options_from_json_validate() -> None:
-    options = SwarmOptions.from_json({"bits": 4, "topology": "torus", "local_steps": 2, "eps": 0.01})
+    options = read_options(SwarmOptions, {"bits": 4, "topology": "torus", "local_steps": 2, "eps": 0.01},
+                           where="swarm options")
     assert options.quantizer == QuantizerConfig(bits=4, eps=0.01)
     assert (options.topology, options.local_steps) == ("torus", 2.0)
-    with pytest.raises(ValueError, match="unknown keys"):
-        SwarmOptions.from_json({"bitz": 4})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bitz'\]; allowed: \['topology'"):
+        read_options(SwarmOptions, {"bitz": 4}, where="swarm options")
     with pytest.raises(ValueError, match="bits"):
-        SwarmOptions.from_json({"bits": 16})
+        read_options(SwarmOptions, {"bits": 16}, where="swarm options")
     with pytest.raises(ValueError, match="local_steps"):
-        SwarmOptions.from_json({"local_steps": 0.5})
+        read_options(SwarmOptions, {"local_steps": 0.5}, where="swarm options")

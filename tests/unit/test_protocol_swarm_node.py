@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from squall.gossip.graphs import complete_graph
-from squall.protocols.swarm.averaging import QuantizerConfig
 from squall.protocols.swarm.frames import SWARM_TAG, Frame, FrameKind, to_message
 from squall.protocols.swarm.node import SwarmNode
 from squall.protocols.swarm.options import SwarmOptions
@@ -68,7 +67,7 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
 
 def test_one_exchange_in_full_precision_leaves_both_at_the_average() -> None:
     async def main() -> None:
-        nodes, transports = make_nodes(models(0.0, 4.0), options=SwarmOptions.from_json({"bits": 32}))
+        nodes, transports = make_nodes(models(0.0, 4.0), options=SwarmOptions(bits=32))
         assert await nodes[0].start_offer(1) == 1
         await settle(nodes)
         torch.testing.assert_close(nodes[0].params, models(2.0)[0])
@@ -81,7 +80,7 @@ def test_one_exchange_in_full_precision_leaves_both_at_the_average() -> None:
 
 def test_quantized_exchanges_keep_the_sum_and_cost_about_bits_per_coordinate() -> None:
     async def main() -> None:
-        nodes, transports = make_nodes(models(0.0, 1.0), options=SwarmOptions.from_json({"bits": 4}))
+        nodes, transports = make_nodes(models(0.0, 1.0), options=SwarmOptions(bits=4))
         start = total(nodes)
         for round_ in range(6):
             await nodes[round_ % 2].start_offer()
@@ -100,7 +99,7 @@ def test_quantized_exchanges_keep_the_sum_and_cost_about_bits_per_coordinate() -
 
 def test_crossing_offers_become_one_exchange_not_a_swap() -> None:
     async def main() -> None:
-        nodes, transports = make_nodes(models(0.0, 4.0), options=SwarmOptions.from_json({"bits": 32}), latency=0.02)
+        nodes, transports = make_nodes(models(0.0, 4.0), options=SwarmOptions(bits=32), latency=0.02)
         await asyncio.gather(nodes[0].start_offer(1), nodes[1].start_offer(0))
         await settle(nodes)
         assert (nodes[0].counters.completed, nodes[1].counters.busy_received) == (1, 1)
@@ -114,7 +113,7 @@ def test_crossing_offers_become_one_exchange_not_a_swap() -> None:
 
 def test_an_offer_that_fails_its_checksum_is_resent_in_full_precision() -> None:
     async def main() -> None:
-        options = SwarmOptions.from_json({"bits": 4, "eps": 1e-3})  # radius 7.5e-3, the models are 10 apart
+        options = SwarmOptions(bits=4, eps=1e-3)  # radius 7.5e-3, the models are 10 apart
         nodes, transports = make_nodes(models(0.0, 10.0), options=options)
         start = total(nodes)
         await nodes[0].start_offer(1)
@@ -133,7 +132,7 @@ def test_a_node_answers_one_offer_while_its_own_is_in_flight_and_refuses_the_nex
         return 0.3 if (src, dst) == (1, 2) else 0.002
 
     async def main() -> None:
-        options = SwarmOptions.from_json({"bits": 32})
+        options = SwarmOptions(bits=32)
         nodes, transports = make_nodes(models(0.0, 1.0, 2.0, 3.0), options=options, latency=latency)
         start = total(nodes)
         await nodes[1].start_offer(2)  # in flight for 0.3 s
@@ -156,7 +155,7 @@ def test_a_given_up_offer_is_still_applied_when_its_answer_arrives_late() -> Non
         return 0.3 if (src, dst) == (1, 0) else 0.001
 
     async def main() -> None:
-        options = SwarmOptions.from_json({"bits": 32, "exchange_timeout": 0.1})
+        options = SwarmOptions(bits=32, exchange_timeout=0.1)
         nodes, transports = make_nodes(models(0.0, 4.0), options=options, latency=latency)
         start = total(nodes)
         await nodes[0].start_offer(1)
@@ -175,7 +174,7 @@ def test_a_silent_partner_is_avoided_after_a_timeout_while_others_are_left() -> 
         return 10.0 if dst == 2 else 0.001  # node 2 never hears anything in time (like a paused container)
 
     async def main() -> None:
-        options = SwarmOptions.from_json({"bits": 32, "exchange_timeout": 0.05, "drain_timeout": 0.2})
+        options = SwarmOptions(bits=32, exchange_timeout=0.05, drain_timeout=0.2)
         nodes, transports = make_nodes(models(0.0, 1.0, 2.0), options=options, latency=latency)
         await nodes[0].start_offer(2)
         await asyncio.sleep(0.06)
@@ -193,7 +192,7 @@ def test_a_silent_partner_is_avoided_after_a_timeout_while_others_are_left() -> 
 
 def test_a_dead_peer_is_avoided_and_does_not_hold_up_the_end() -> None:
     async def main() -> None:
-        options = SwarmOptions.from_json({"drain_timeout": 2.0})
+        options = SwarmOptions(drain_timeout=2.0)
         nodes, transports = make_nodes(models(0.0, 1.0, 2.0), options=options)
         await nodes[2].stop()
         await transports[2].close()
@@ -263,7 +262,7 @@ def test_gossip_alone_reaches_the_average_of_the_initial_models() -> None:
     async def main() -> None:
         rng = np.random.default_rng(3)
         initial = [torch.from_numpy(rng.normal(scale=3.0, size=DIM).astype(np.float32)) for _ in range(8)]
-        options = SwarmOptions(quantizer=QuantizerConfig(bits=8))
+        options = SwarmOptions(bits=8)
         nodes, transports = make_nodes(initial, options=options)
         start = total(nodes)
         for _ in range(40):

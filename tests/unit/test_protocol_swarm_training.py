@@ -87,7 +87,7 @@ def train_swarm(task: Task, config: LoopConfig, options: SwarmOptions,
 def test_swarm_sgd_reaches_the_known_optimum_of_the_quadratic(bits: int) -> None:
     task = quadratic()
     config = LoopConfig(lr=LrSchedule(0.3, kind="step", milestones=(150, 300), gamma=0.2), steps=400, eval_every=100)
-    out = train_swarm(task, config, SwarmOptions.from_json({"bits": bits}))
+    out = train_swarm(task, config, SwarmOptions(bits=bits))
     xs = torch.stack([r.params for r in out.results]).double()
     mean_distance = task.distance_to_optimum(xs.mean(0))
     node_distances = [task.distance_to_optimum(x) for x in xs]
@@ -104,7 +104,7 @@ def test_swarm_sgd_reaches_the_known_optimum_of_the_quadratic(bits: int) -> None
 def test_consensus_distance_does_not_grow_under_a_constant_learning_rate() -> None:
     task = quadratic()
     config = LoopConfig(lr=LrSchedule(0.1), steps=300, eval_every=50)
-    out = train_swarm(task, config, SwarmOptions.from_json({"bits": 8}))
+    out = train_swarm(task, config, SwarmOptions(bits=8))
     gamma = out.consensus
     quarter = len(gamma) // 4
     mid, late = statistics.fmean(gamma[quarter:2 * quarter]), statistics.fmean(gamma[3 * quarter:])
@@ -123,7 +123,7 @@ def test_a_three_times_slower_node_interacts_less_but_stays_with_the_swarm() -> 
     # the slow node's share of steps rose from 1/3 to 0.68.
     config = LoopConfig(lr=LrSchedule(0.1), seconds=3.0, eval_every=20)
     slow = NODES - 1
-    out = train_swarm(task, config, SwarmOptions.from_json({"bits": 8}),
+    out = train_swarm(task, config, SwarmOptions(bits=8),
                       device=lambda r: DeviceModel(node=r, step_time_s=0.05, slowdown=3.0 if r == slow else 1.0))
     steps = [r.steps for r in out.results]
     assert steps[slow] < 0.6 * statistics.median(steps[:slow]), steps  # about 1/3

@@ -24,6 +24,7 @@ from squall.protocols.catalog import (
 )
 from squall.training.algorithms import LOCAL
 from squall.training.declaration import AlgorithmDeclaration, Declaration, DeclarationError, JobDeclaration
+from squall.training.options import option_keys, read_options
 from squall.transport import inproc_mesh
 from squall.worker.registry import REGISTRY, UnknownEntry, jobs, resolve
 
@@ -267,3 +268,16 @@ def test_a_utility_job_starts_without_the_protocol_packages() -> None:
             "'squall.protocols.catalog'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_declared_algorithm_reads_its_options_into_a_dataclass() -> None:
+    """The keys an algorithm takes are its options class's fields; every class's defaults read."""
+    known = algorithms()
+    assert sorted(name for name, declared in known.items() if declared.options is None) == []
+    for name, declared in known.items():
+        assert declared.options is not None
+        keys = option_keys(declared.options)
+        read_options(declared.options, {}, where=f"algorithm {name!r}")  # the defaults are valid
+        assert all(key.isidentifier() for key in keys), name
+    with pytest.raises(DeclarationError, match="options must be a dataclass"):
+        AlgorithmDeclaration("alg", LOCAL.build, "ratio, timeout")  # type: ignore[arg-type]

@@ -134,7 +134,7 @@ FOLDER_PROTOCOL = textwrap.dedent('''
 
 
     DECLARATIONS = (
-        AlgorithmDeclaration("toy", build, "flavour"),
+        AlgorithmDeclaration("toy", build),  # no options class: the builder pops from a dict
         JobDeclaration("toy_job", "{package}.toy.jobs:main"),
         Declaration("toy", "a toy protocol in one folder", "train", {{"algorithm": "toy"}},
                     paper="Nobody, Nowhere 2026", needs=frozenset({{"tcp"}})),

@@ -112,7 +112,7 @@ def lockstep() -> Run:
 def swarm() -> Run:
     world, task = 3, make_task("logreg_digits")
     records: list[list[dict[str, Any]]] = [[] for _ in range(world)]
-    options = SwarmOptions.from_json({"topology": "ring", "local_steps": 2})
+    options = SwarmOptions(topology="ring", local_steps=2)
 
     async def main() -> list[SwarmTrainer]:
         transports = inproc_mesh(world)

@@ -4,7 +4,7 @@ The same as the shared ``train`` job (:mod:`squall.protocols.train`: TCP mesh, t
 stop vote, metrics, summary) except that the task is wrapped in
 :class:`~squall.protocols.al_dsgd.sgd.LossTap`, so the algorithm sees every training loss before its
 step: the ``Algorithm`` interface passes only the gradient, and AL-DSGD ranks neighbours by
-their loss. ``algorithm_args`` are :func:`~squall.protocols.al_dsgd.sgd.build`'s options.
+their loss. ``algorithm_args`` are :class:`~squall.protocols.al_dsgd.sgd.AlDsgdOptions`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import asyncio
 from typing import Any
 
 from squall.job import JobContext
-from squall.protocols.al_dsgd.sgd import NAME, LossTap, build
+from squall.protocols.al_dsgd.sgd import NAME, AlDsgdOptions, LossTap, build
 from squall.training.config import RunConfig, run_config
 from squall.training.device import DeviceModel
 from squall.training.loop import train as train_loop
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import job_result
 from squall.training.vote import TransportVote
 from squall.transport import TcpTransport
@@ -28,18 +29,16 @@ def al_dsgd_train(ctx: JobContext) -> dict[str, Any]:
     config = run_config(ctx)
     if config.algorithm != NAME:
         raise ValueError(f"the {NAME} job runs algorithm {NAME!r}, config says {config.algorithm!r}")
-    return asyncio.run(_train(ctx, config))
+    options = read_options(AlDsgdOptions, config.algorithm_args, where=f"algorithm {NAME!r}")
+    return asyncio.run(_train(ctx, config, options))
 
 
-async def _train(ctx: JobContext, config: RunConfig) -> dict[str, Any]:
+async def _train(ctx: JobContext, config: RunConfig, options: AlDsgdOptions) -> dict[str, Any]:
     peers = {rank: (address, config.port) for rank, address in enumerate(ctx.spec.peers)}
     task = config.build_task()
     transport = TcpTransport(rank=ctx.rank, peers=peers, default_timeout=config.timeout)
     async with transport:
-        options = dict(config.algorithm_args)
         algorithm = build(transport, Sgd(config.sgd), options)
-        if options:
-            raise ValueError(f"algorithm {NAME!r} does not take options {sorted(options)}")
         result = await train_loop(
             LossTap(task, algorithm.observe_loss),
             algorithm,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -86,12 +85,6 @@ class RuleConfig:
         if self.lambda_best + self.lambda_degree >= 1.0:
             raise ValueError(f"al_dsgd: lambda_best + lambda_degree must be < 1, got "
                              f"{self.lambda_best} + {self.lambda_degree}")
-
-    @classmethod
-    def pop_from(cls, options: dict[str, Any]) -> RuleConfig:
-        """Take this config's keys out of an algorithm's ``options`` (the rest stay)."""
-        keys = ("lambda_best", "lambda_degree", "adapt", "loss_ema")
-        return cls(**{key: options.pop(key) for key in keys if key in options})
 
 
 def _real(value: object) -> bool:

@@ -131,28 +131,34 @@ class LossTap(Task):
         return getattr(self.inner, item)
 
 
-def build(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> ALDSGD:
-    """AL-DSGD from an algorithm's options; pops what it understands (the rest is an error upstream).
+@dataclass(frozen=True)
+class AlDsgdOptions(RuleConfig):
+    """AL-DSGD's options (``algorithm_args``): the graphs, and the rule's coefficients (:class:`RuleConfig`)."""
 
-    Options: ``topologies`` (list of graph names, ["ring"]; ``topology`` for one), ``switch_every``
-    (10), ``graph_seed`` (0), ``relabel`` (true), ``lambda_best``, ``lambda_degree`` (0.1 each),
-    ``adapt`` (0.5), ``loss_ema`` (0.9), ``timeout`` (the transport's default).
-    """
-    if "topology" in options and "topologies" in options:
-        raise ValueError("al_dsgd: give topology or topologies, not both")
-    raw = options.pop("topologies", None)
-    if raw is None:
-        raw = [options.pop("topology", "ring")]
-    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
-        raise ValueError(f"al_dsgd: topologies must be a list of graph names, got {raw!r}")
-    relabel = options.pop("relabel", True)
-    if not isinstance(relabel, bool):
-        raise ValueError(f"al_dsgd: relabel must be true or false, got {relabel!r}")
-    seed = options.pop("graph_seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"al_dsgd: graph_seed must be an integer, got {seed!r}")
-    schedule = GraphSchedule(transport.world_size, tuple(str(t) for t in raw),
-                             options.pop("switch_every", 10), seed, relabel)
-    rule = RuleConfig.pop_from(options)
-    timeout = options.pop("timeout", None)
-    return ALDSGD(transport, schedule, rule, optimizer=sgd, timeout=None if timeout is None else float(timeout))
+    topology: str | None = None  # one graph for every period (``topologies`` for several; ring by default)
+    topologies: tuple[str, ...] | None = None  # graph names cycled through, one per period
+    switch_every: int = 10  # iterations per graph
+    graph_seed: int = 0  # seed of the graphs' relabelling
+    relabel: bool = True  # draw new node labels at each switch
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.topology is not None and self.topologies is not None:
+            raise ValueError("al_dsgd: give topology or topologies, not both")
+
+    def graph_names(self) -> tuple[str, ...]:
+        """The graphs cycled through."""
+        return self.topologies if self.topologies is not None else (self.topology or "ring",)
+
+    def rule(self) -> RuleConfig:
+        """The combination rule's coefficients."""
+        return RuleConfig(lambda_best=self.lambda_best, lambda_degree=self.lambda_degree, adapt=self.adapt,
+                          loss_ema=self.loss_ema)
+
+
+def build(transport: Transport, sgd: Sgd, options: AlDsgdOptions) -> ALDSGD:
+    """AL-DSGD over ``transport`` (options: :class:`AlDsgdOptions`)."""
+    schedule = GraphSchedule(transport.world_size, options.graph_names(), options.switch_every, options.graph_seed,
+                             options.relabel)
+    return ALDSGD(transport, schedule, options.rule(), optimizer=sgd, timeout=options.timeout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from squall.protocols.allreduce.sgd import build_allreduce, build_local_sgd
+from squall.protocols.allreduce.sgd import CollectiveOptions, LocalSgdOptions, build_allreduce, build_local_sgd
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 ALGORITHM = "allreduce"  # the shared train job's name for all-reduce SGD (the RunConfig default)
@@ -16,8 +16,8 @@ def _train(algorithm: str, **args: Any) -> dict[str, Any]:
 
 
 DECLARATIONS = (
-    AlgorithmDeclaration(ALGORITHM, build_allreduce, "collective, chunk_bytes, timeout, algorithm"),
-    AlgorithmDeclaration(LOCAL_SGD, build_local_sgd, "period, average_at_end, collective, chunk_bytes"),
+    AlgorithmDeclaration(ALGORITHM, build_allreduce, CollectiveOptions),
+    AlgorithmDeclaration(LOCAL_SGD, build_local_sgd, LocalSgdOptions),
     Declaration(
         "ring",
         "synchronous SGD, gradients averaged by our pipelined ring all-reduce",

@@ -9,6 +9,7 @@ end are what :mod:`squall.protocols.allreduce.protocol` declares to the shared `
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -45,24 +46,45 @@ def collective_reducer(transport: Transport, collective: str = "ring", **options
     return reduce
 
 
-def build_allreduce(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``allreduce``: options ``collective`` (ring), then the collective's own."""
-    collective = str(options.pop("collective", "ring"))
-    reduce = collective_reducer(transport, collective, **_drain(options))
-    return AllReduceSGD(reduce, optimizer=sgd)
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """``allreduce``'s options (``algorithm_args``): the collective, and the options of :data:`COLLECTIVES`.
+
+    An option left out (None) is the all-reduce's default; one the chosen collective does not take
+    is refused by :func:`collective_reducer`.
+    """
+
+    collective: str = "ring"  # a key of COLLECTIVES
+    chunk_bytes: int | None = None  # pipelining chunk
+    tag: int | None = None  # message tag of the all-reduce
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+    algorithm: str | None = None  # butterfly only: its algorithm ("auto" by default)
+    link: Any = None  # butterfly only: the link model its choice is made for
+
+    def given(self) -> dict[str, Any]:
+        """The collective's options that were given (not None), for :func:`collective_reducer`."""
+        return {f.name: getattr(self, f.name) for f in fields(CollectiveOptions)
+                if f.name != "collective" and getattr(self, f.name) is not None}
+
+    def reducer(self, transport: Transport) -> Reducer:
+        """The mean all-reduce these options describe."""
+        return collective_reducer(transport, self.collective, **self.given())
 
 
-def build_local_sgd(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``local_sgd``: ``period`` (8), ``average_at_end`` (true), ``collective`` and its options."""
-    period = int(options.pop("period", 8))
-    at_end = bool(options.pop("average_at_end", True))
-    collective = str(options.pop("collective", "ring"))
-    reduce = collective_reducer(transport, collective, **_drain(options))
-    return LocalSGD(reduce, period=period, optimizer=sgd, average_at_end=at_end)
+@dataclass(frozen=True)
+class LocalSgdOptions(CollectiveOptions):
+    """``local_sgd``'s options: the averaging period, and the collective's (:class:`CollectiveOptions`)."""
+
+    period: int = 8  # local steps between averages
+    average_at_end: bool = True  # average once more after the last step
 
 
-def _drain(options: dict[str, Any]) -> dict[str, Any]:
-    """Everything left in ``options`` (handed to the collective, which checks it), leaving it empty."""
-    rest = dict(options)
-    options.clear()
-    return rest
+def build_allreduce(transport: Transport, sgd: Sgd, options: CollectiveOptions) -> Algorithm:
+    """Builder of ``allreduce`` (options: :class:`CollectiveOptions`)."""
+    return AllReduceSGD(options.reducer(transport), optimizer=sgd)
+
+
+def build_local_sgd(transport: Transport, sgd: Sgd, options: LocalSgdOptions) -> Algorithm:
+    """Builder of ``local_sgd`` (options: :class:`LocalSgdOptions`)."""
+    return LocalSGD(options.reducer(transport), period=options.period, optimizer=sgd,
+                    average_at_end=options.average_at_end)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from squall.protocols.arc_topk.sgd import NAME, build_arc_topk
+from squall.protocols.arc_topk.sgd import NAME, ArcConfig, build_arc_topk
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 DECLARATIONS = (
-    AlgorithmDeclaration(NAME, build_arc_topk,
-                         "ratio, rank, cols, shapes, reshape (task/flat), seed, "
-                         "ef (none/ef14/ef21/ef21m), beta, dense_start, timeout"),
+    AlgorithmDeclaration(NAME, build_arc_topk, ArcConfig),
     Declaration(
         NAME,
         "synchronous SGD, ARC-Top-K: rank-4 shared sketch picks 5 % of rows, index-free ring all-reduce, EF21M",

@@ -18,9 +18,7 @@ views the gradient as one matrix of ``cols`` columns. ``shapes`` names the tenso
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -28,7 +26,7 @@ from squall.collectives import bind
 from squall.training.algorithms.base import Algorithm, Shapes
 from squall.training.compress import ArcTopK, CompressedSGD
 from squall.training.compress import arc as maths
-from squall.training.compress.feedback import AllReduce, FeedbackConfig, feedback_options
+from squall.training.compress.feedback import AllReduce, FeedbackConfig, FeedbackOptions
 from squall.training.optim import Sgd
 from squall.transport import Transport
 
@@ -41,10 +39,12 @@ MESSAGE_OVERHEAD = 48 + 16
 RESHAPES = ("task", "flat")
 
 
-@dataclass(frozen=True, slots=True)
-class ArcConfig:
-    """ARC-Top-K's settings (the paper's defaults: ratio 0.2 on its models; rank 4)."""
+@dataclass(frozen=True)
+class ArcConfig(FeedbackOptions):
+    """ARC-Top-K's options (the paper's defaults: ratio 0.2 on its models; rank 4), and the error
+    feedback's (ef21m by default)."""
 
+    ef: str = "ef21m"  # one of EF_VARIANTS
     ratio: float = 0.05  # fraction of rows selected per matrix
     rank: int = 4  # sketch rank r
     cols: int = maths.DEFAULT_COLS  # columns of the matrix a flat gradient is viewed as
@@ -54,6 +54,7 @@ class ArcConfig:
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.ratio <= 1:
             raise ValueError(f"arc_topk: ratio = {self.ratio} must be in (0, 1]")
         if not 1 <= self.rank <= maths.MAX_RANK:
@@ -64,6 +65,8 @@ class ArcConfig:
             raise ValueError(f"arc_topk: seed = {self.seed} must be in [0, 2**32)")
         if self.reshape not in RESHAPES:
             raise ValueError(f"arc_topk: reshape = {self.reshape!r} must be one of {', '.join(RESHAPES)}")
+        if self.shapes is not None and not all(self.shapes):
+            raise ValueError(f"arc_topk: shapes = {self.shapes!r} must be a list of non-empty lists of sizes")
 
     def tensors(self, task_shapes: Shapes | None) -> Shapes | None:
         """The tensors a flat gradient is cut into, given the task's (None: one matrix of ``cols``)."""
@@ -116,27 +119,7 @@ class ArcTopKSGD(CompressedSGD):
         return self.compression
 
 
-def _shapes(value: Any) -> tuple[tuple[int, ...], ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Sequence) or not all(isinstance(s, Sequence) and s for s in value):
-        raise ValueError(f"arc_topk: shapes = {value!r} must be a list of non-empty lists of sizes")
-    return tuple(tuple(int(d) for d in s) for s in value)
-
-
-def build_arc_topk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``arc_topk``: ``ratio`` (0.05), ``rank`` (4), ``cols`` (256), ``shapes``, ``reshape``
-    (task), ``seed`` (0), ``ef`` (ef21m), ``beta`` (0.9), ``dense_start`` (true), ``timeout``."""
-    feedback = feedback_options(options, default="ef21m")
-    timeout = options.pop("timeout", None)
-    config = ArcConfig(
-        ratio=float(options.pop("ratio", 0.05)),
-        rank=int(options.pop("rank", 4)),
-        cols=int(options.pop("cols", maths.DEFAULT_COLS)),
-        shapes=_shapes(options.pop("shapes", None)),
-        reshape=str(options.pop("reshape", "task")),
-        seed=int(options.pop("seed", 0)),
-        timeout=None if timeout is None else float(timeout),
-    )
+def build_arc_topk(transport: Transport, sgd: Sgd, config: ArcConfig) -> Algorithm:
+    """Builder of ``arc_topk`` (options: :class:`ArcConfig`)."""
     reduce = bind(transport, op="mean", dense_tag=DENSE_TAG, timeout=config.timeout)
-    return ArcTopKSGD(reduce, config, feedback=feedback, optimizer=sgd)
+    return ArcTopKSGD(reduce, config, feedback=config.feedback(), optimizer=sgd)

@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +39,7 @@ from squall.training.config import run_config
 from squall.training.device import DeviceModel
 from squall.training.loop import train as train_loop
 from squall.training.optim import Sgd
+from squall.training.options import NoOptions, read_options
 from squall.training.timing import bus_factor, median_of, timing_row
 from squall.transport import PeerCounters
 
@@ -128,20 +130,23 @@ async def gloo_vote(step: int, flag: bool, *, reached: bool = False) -> bool:
     return bool(ballot[0]) or not bool(ballot[1])
 
 
-def _algorithm(name: str, options: dict[str, Any], reducer: GlooReducer, sgd: Sgd) -> Algorithm:
-    if name == AllReduceSGD.name and not options:
+@dataclass(frozen=True)
+class GlooLocalSgdOptions:
+    """``local_sgd``'s options under ``gloo_train`` (the collective is gloo's all-reduce)."""
+
+    period: int = 8  # local steps between averages
+    average_at_end: bool = True  # average once more after the last step
+
+
+def _algorithm(name: str, options: Mapping[str, Any], reducer: GlooReducer, sgd: Sgd) -> Algorithm:
+    where = f"gloo_train's algorithm {name!r}"
+    if name == AllReduceSGD.name:
+        read_options(NoOptions, options, where=where)
         return AllReduceSGD(reducer, optimizer=sgd)
-    if name == LocalSGD.name and set(options) <= {"period", "average_at_end"}:
-        return LocalSGD(
-            reducer,
-            period=int(options.get("period", 8)),
-            optimizer=sgd,
-            average_at_end=bool(options.get("average_at_end", True)),
-        )
-    raise ValueError(
-        f"gloo_train runs {AllReduceSGD.name!r} (no options) or {LocalSGD.name!r} (period, average_at_end), "
-        f"got {name!r} with {sorted(options)}"
-    )
+    if name == LocalSGD.name:
+        local = read_options(GlooLocalSgdOptions, options, where=where)
+        return LocalSGD(reducer, period=local.period, optimizer=sgd, average_at_end=local.average_at_end)
+    raise ValueError(f"gloo_train runs {AllReduceSGD.name!r} or {LocalSGD.name!r}, got {name!r}")
 
 
 def gloo_train(ctx: JobContext) -> dict[str, Any]:
@@ -149,7 +154,7 @@ def gloo_train(ctx: JobContext) -> dict[str, Any]:
     config = run_config(ctx)
     task = config.build_task()
     reducer = GlooReducer(ctx.world_size)
-    algorithm = _algorithm(config.algorithm, dict(config.algorithm_args), reducer, Sgd(config.sgd))
+    algorithm = _algorithm(config.algorithm, config.algorithm_args, reducer, Sgd(config.sgd))
     port = int(ctx.config.get("port", DEFAULT_PORT))
     with process_group(ctx, port=port, timeout_s=config.timeout):
         result = asyncio.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from squall.protocols.demo.optimizer import DeMo
@@ -13,18 +14,30 @@ from squall.transport import Transport
 PAPER = "DeMo: Peng, Quesnelle, Kingma, arXiv 2411.19870"
 
 
-def build_demo(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``demo``: ``beta`` (0.999), ``k`` (32), ``chunk`` (64), ``weight_decay`` (0), ``timeout``."""
-    if options.pop("payload", None) is not None:
-        raise ValueError("demo does not emulate a payload: its all-gather carries the task's own coefficients")
-    timeout = options.pop("timeout", None)
-    return DeMo(transport, beta=float(options.pop("beta", 0.999)), k=int(options.pop("k", 32)),
-                chunk=int(options.pop("chunk", 64)), weight_decay=float(options.pop("weight_decay", 0.0)),
-                timeout=None if timeout is None else float(timeout))
+@dataclass(frozen=True)
+class DemoOptions:
+    """DeMo's options (``algorithm_args``)."""
+
+    beta: float = 0.999  # momentum decay
+    k: int = 32  # DCT coefficients kept per chunk
+    chunk: int = 64  # chunk side
+    weight_decay: float = 0.0  # decoupled weight decay
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+    payload: Any = None  # the run's emulated payload (put here by the train job): refused
+
+    def __post_init__(self) -> None:
+        if self.payload is not None:
+            raise ValueError("demo does not emulate a payload: its all-gather carries the task's own coefficients")
+
+
+def build_demo(transport: Transport, sgd: Sgd, options: DemoOptions) -> Algorithm:
+    """Builder of ``demo`` (options: :class:`DemoOptions`)."""
+    return DeMo(transport, beta=options.beta, k=options.k, chunk=options.chunk, weight_decay=options.weight_decay,
+                timeout=options.timeout)
 
 
 DECLARATIONS = (
-    AlgorithmDeclaration(DeMo.name, build_demo, "beta, k, chunk, weight_decay, timeout"),
+    AlgorithmDeclaration(DeMo.name, build_demo, DemoOptions),
     Declaration(DeMo.name, "DeMo: the top 32 DCT coefficients of every 64 x 64 chunk of the momentum all-gathered, "
                 "sign update", "train", {"algorithm": DeMo.name, "algorithm_args": {"k": 32, "chunk": 64}},
                 paper=PAPER, needs=frozenset({"tcp", "device_model"})),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from squall.lowcomm import options as shared
+from squall.lowcomm.options import LowCommOptions, check_fraction, check_positive_int
 from squall.protocols.diloco.outer import OUTER_LR, OUTER_MOMENTUM, DdpAdamW, DiLoCo
 from squall.training.algorithms.base import Algorithm
 from squall.training.declaration import AlgorithmDeclaration, Declaration
@@ -17,23 +17,32 @@ NEEDS = frozenset({"tcp", "device_model"})
 NEVER = 1 << 62  # a sync period no run reaches
 
 
-def build_diloco(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``diloco``: ``sync_every`` (100), ``outer_lr`` (0.7), ``outer_momentum`` (0.9), ``nesterov``
-    (true), ``sync_at_end`` (true), and the shared inner-optimiser and averaging options."""
-    sync_every = shared.positive_int(options, "sync_every", 100)
-    outer_lr = float(options.pop("outer_lr", OUTER_LR))
-    momentum = shared.fraction(options, "outer_momentum", OUTER_MOMENTUM, high=0.999, open_low=False)
-    nesterov = bool(options.pop("nesterov", True))
-    at_end = bool(options.pop("sync_at_end", True))
-    inner = shared.inner_optimizer(sgd, options)
-    return DiLoCo(shared.averager(transport, options), sync_every=sync_every, inner=inner, outer_lr=outer_lr,
-                  outer_momentum=momentum, nesterov=nesterov, sync_at_end=at_end)
+@dataclass(frozen=True)
+class DiLoCoOptions(LowCommOptions):
+    """DiLoCo's options (``algorithm_args``): its own, and the family's (:class:`LowCommOptions`)."""
+
+    sync_every: int = 100  # H: inner steps between outer steps
+    outer_lr: float = OUTER_LR  # the outer Nesterov's learning rate
+    outer_momentum: float = OUTER_MOMENTUM  # the outer momentum, in [0, 0.999]
+    nesterov: bool = True  # Nesterov (else heavy-ball) outer momentum
+    sync_at_end: bool = True  # one more outer step after the last inner step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("sync_every", self.sync_every)
+        check_fraction("outer_momentum", self.outer_momentum, high=0.999, open_low=False)
 
 
-def build_ddp(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``ddp_adamw``: the shared inner-optimiser and averaging options."""
-    inner = shared.inner_optimizer(sgd, options)
-    return DdpAdamW(shared.averager(transport, options), inner=inner)
+def build_diloco(transport: Transport, sgd: Sgd, options: DiLoCoOptions) -> Algorithm:
+    """Builder of ``diloco`` (options: :class:`DiLoCoOptions`)."""
+    return DiLoCo(options.averager(transport), sync_every=options.sync_every, inner=options.inner_optimizer(sgd),
+                  outer_lr=options.outer_lr, outer_momentum=options.outer_momentum, nesterov=options.nesterov,
+                  sync_at_end=options.sync_at_end)
+
+
+def build_ddp(transport: Transport, sgd: Sgd, options: LowCommOptions) -> Algorithm:
+    """Builder of ``ddp_adamw`` (options: the family's, :class:`LowCommOptions`)."""
+    return DdpAdamW(options.averager(transport), inner=options.inner_optimizer(sgd))
 
 
 def _diloco(h: int) -> Declaration:
@@ -43,11 +52,8 @@ def _diloco(h: int) -> Declaration:
 
 
 DECLARATIONS = (
-    AlgorithmDeclaration(DiLoCo.name, build_diloco,
-                         "sync_every, outer_lr, outer_momentum, nesterov, sync_at_end, inner, betas, eps, inner_wd, "
-                         "compression, compression_args, timeout"),
-    AlgorithmDeclaration(DdpAdamW.name, build_ddp, "inner, betas, eps, inner_wd, compression, compression_args, "
-                         "timeout"),
+    AlgorithmDeclaration(DiLoCo.name, build_diloco, DiLoCoOptions),
+    AlgorithmDeclaration(DdpAdamW.name, build_ddp, LowCommOptions),
     Declaration("diloco", "DiLoCo: 100 inner AdamW steps, then outer Nesterov (0.7, 0.9) on the ring-averaged "
                 "pseudo-gradient", "train", {"algorithm": DiLoCo.name, "algorithm_args": {"sync_every": 100}},
                 paper=PAPER, needs=NEEDS),

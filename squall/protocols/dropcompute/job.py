@@ -18,6 +18,7 @@ from squall.protocols.dropcompute.trainer import DropComputeTrainer
 from squall.training.config import RunConfig, run_config
 from squall.training.device import DeviceModel
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import job_result
 from squall.training.vote import TransportVote
 from squall.transport import TcpTransport
@@ -28,7 +29,7 @@ def dropcompute(ctx: JobContext) -> dict[str, Any]:
     config = run_config(ctx)
     if config.algorithm not in (NAME, RunConfig().algorithm):  # RunConfig's default: no algorithm given
         raise ValueError(f"the {NAME} job runs algorithm {NAME!r}, got algorithm={config.algorithm!r}")
-    options = DropComputeOptions.from_json(config.algorithm_args)
+    options = read_options(DropComputeOptions, config.algorithm_args, where="dropcompute options")
     return asyncio.run(_dropcompute(ctx, config, options))
 
 

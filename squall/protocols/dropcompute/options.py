@@ -1,4 +1,4 @@
-"""DropCompute's options (the job config's ``algorithm_args``), validated into a frozen dataclass.
+"""DropCompute's options (the job config's ``algorithm_args``, read by :func:`squall.training.options.read_options`).
 
 ==================  =====================================================================================
 ``micro_batches``   M, micro-batches per step (each of the run's ``batch_size`` samples) [8]
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,6 @@ NORMALISATIONS = ("nominal", "completed")
 AUTO = "auto"
 MIN_DROP_STEP = 5
 THRESHOLD_SYNC_STEP = 50
-KEYS = ("micro_batches", "tau", "normalisation", "min_drop_step", "threshold_step", "candidates", "heartbeat_s")
 
 
 def _fail(key: str, value: Any, allowed: str) -> ValueError:
@@ -37,13 +35,13 @@ def _fail(key: str, value: Any, allowed: str) -> ValueError:
 class DropComputeOptions:
     """See the module docstring."""
 
-    micro_batches: int = 8
+    micro_batches: int = 8  # M, micro-batches per step
     tau: float | str | None = AUTO  # seconds, "auto" or None (no drop)
-    normalisation: str = "nominal"
-    min_drop_step: int = MIN_DROP_STEP
-    threshold_step: int = THRESHOLD_SYNC_STEP
-    candidates: int = CANDIDATES
-    heartbeat_s: float | None = 2.0
+    normalisation: str = "nominal"  # one of NORMALISATIONS
+    min_drop_step: int = MIN_DROP_STEP  # steps before this one never drop
+    threshold_step: int = THRESHOLD_SYNC_STEP  # with tau "auto": the step after which it is chosen
+    candidates: int = CANDIDATES  # thresholds tried by the automatic choice
+    heartbeat_s: float | None = 2.0  # idle seconds between transport heartbeats (None: none)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -61,18 +59,6 @@ class DropComputeOptions:
                 raise _fail(key, value, f"an integer >= {least}")
         if self.heartbeat_s is not None and not (isinstance(self.heartbeat_s, int | float) and self.heartbeat_s > 0):
             raise _fail("heartbeat_s", self.heartbeat_s, "seconds > 0 or null")
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any] | None) -> DropComputeOptions:
-        """From the job config's ``algorithm_args``; unknown keys are refused."""
-        obj = dict(obj or {})
-        unknown = sorted(set(obj) - set(KEYS))
-        if unknown:
-            raise ValueError(f"dropcompute options have unknown keys {unknown}; allowed: {list(KEYS)}")
-        tau = obj.get("tau", AUTO)
-        if isinstance(tau, str) and tau != AUTO:
-            raise _fail("tau", tau, f"seconds > 0, {AUTO!r} or null")
-        return cls(**obj)
 
     @property
     def auto(self) -> bool:

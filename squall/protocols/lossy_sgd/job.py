@@ -21,6 +21,7 @@ from squall.protocols.lossy_sgd.protocol import NAME
 from squall.protocols.lossy_sgd.trainer import LossyTrainer
 from squall.training.config import RunConfig, run_config
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import job_result
 
 
@@ -29,7 +30,7 @@ def lossy_sgd(ctx: JobContext) -> dict[str, Any]:
     config = run_config(ctx)
     if config.algorithm not in (NAME, RunConfig().algorithm):
         raise ValueError(f"the {NAME} job runs algorithm {NAME!r}, got algorithm={config.algorithm!r}")
-    options = LossyOptions.from_json(config.algorithm_args)
+    options = read_options(LossyOptions, config.algorithm_args, where="lossy_sgd options")
     return asyncio.run(_lossy_sgd(ctx, config, options))
 
 

@@ -1,4 +1,4 @@
-"""Options of the lossy_sgd job (the run config's ``algorithm_args``), validated into a frozen dataclass.
+"""Options of the lossy_sgd job (the run config's ``algorithm_args``, read by ``read_options``).
 
 =====================  ==========================================================================================
 ``resync``             owners broadcast their updated shard (true: ``lossy_sgd``) or every worker applies its own
@@ -31,8 +31,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 ESTIMATORS = ("received_mean", "inverse_probability", "zero_fill")
@@ -89,13 +88,3 @@ class LossyOptions:
             raise _fail("port", self.port, "an integer in [1, 65535] or null")
         if not (_is_number(self.ready_timeout_s) and self.ready_timeout_s > 0):
             raise _fail("ready_timeout_s", self.ready_timeout_s, "seconds > 0")
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any] | None) -> LossyOptions:
-        """From the run config's ``algorithm_args``; unknown keys are refused."""
-        obj = dict(obj or {})
-        keys = [f.name for f in fields(cls)]
-        unknown = sorted(set(obj) - set(keys))
-        if unknown:
-            raise ValueError(f"lossy_sgd options have unknown keys {unknown}; allowed: {keys}")
-        return cls(**obj)

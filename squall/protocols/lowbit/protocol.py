@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from squall.protocols.lowbit.sgd import RING, TWO_STEP, build_ring, build_two_step
+from squall.protocols.lowbit.sgd import RING, TWO_STEP, LowBitConfig, build_ring, build_two_step
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 PAPER = "Flash Communication: Li, Zhang, Ye, Zhang, Wu, Sun, Ma, Xie, arXiv 2412.04964"
 
 DECLARATIONS = (
-    AlgorithmDeclaration(TWO_STEP, build_two_step, "bits (8 or 4), group, timeout"),
-    AlgorithmDeclaration(RING, build_ring, "bits (8 or 4), group, timeout"),
+    AlgorithmDeclaration(TWO_STEP, build_two_step, LowBitConfig),
+    AlgorithmDeclaration(RING, build_ring, LowBitConfig),
     Declaration(
         TWO_STEP,
         "synchronous SGD, gradients averaged by a two-step INT8 all-reduce (all-to-all, then all-gather)",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -23,7 +22,7 @@ SCHEDULES = {TWO_STEP: "two_step", RING: "ring"}
 
 @dataclass(frozen=True, slots=True)
 class LowBitConfig:
-    """The quantization of a low-bit all-reduce."""
+    """The quantization of a low-bit all-reduce: both protocols' options (``algorithm_args``)."""
 
     bits: int = 8  # 8 or 4
     group: int = 128  # elements per scale and zero point
@@ -52,22 +51,16 @@ def lowbit_reducer(transport: Transport, collective: str, config: LowBitConfig) 
     return reduce
 
 
-def _config(options: dict[str, Any]) -> LowBitConfig:
-    timeout = options.pop("timeout", None)
-    return LowBitConfig(bits=int(options.pop("bits", 8)), group=int(options.pop("group", 128)),
-                        timeout=None if timeout is None else float(timeout))
-
-
 def _named(algorithm: AllReduceSGD, name: str) -> Algorithm:
     algorithm.name = name  # the protocol's algorithm name, in metrics
     return algorithm
 
 
-def build_two_step(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``lowbit_allreduce``: ``bits`` (8), ``group`` (128), ``timeout``."""
-    return _named(AllReduceSGD(lowbit_reducer(transport, TWO_STEP, _config(options)), optimizer=sgd), TWO_STEP)
+def build_two_step(transport: Transport, sgd: Sgd, config: LowBitConfig) -> Algorithm:
+    """Builder of ``lowbit_allreduce`` (options: :class:`LowBitConfig`)."""
+    return _named(AllReduceSGD(lowbit_reducer(transport, TWO_STEP, config), optimizer=sgd), TWO_STEP)
 
 
-def build_ring(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``lowbit_ring``: ``bits`` (8), ``group`` (128), ``timeout``."""
-    return _named(AllReduceSGD(lowbit_reducer(transport, RING, _config(options)), optimizer=sgd), RING)
+def build_ring(transport: Transport, sgd: Sgd, config: LowBitConfig) -> Algorithm:
+    """Builder of ``lowbit_ring`` (options: :class:`LowBitConfig`)."""
+    return _named(AllReduceSGD(lowbit_reducer(transport, RING, config), optimizer=sgd), RING)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from squall.protocols.matcha.sgd import NAME, build_matcha
+from squall.protocols.matcha.sgd import NAME, MatchaOptions, build_matcha
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 DECLARATIONS = (
-    AlgorithmDeclaration(NAME, build_matcha, "topology, budget, seed, timeout"),
+    AlgorithmDeclaration(NAME, build_matcha, MatchaOptions),
     Declaration(
         NAME,
         "MATCHA, matchings of a ring activated at budget 0.5",

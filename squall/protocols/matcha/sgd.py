@@ -5,7 +5,7 @@ graph activated at random within a communication budget.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from squall.gossip.matchings import matcha_mixer
 from squall.gossip.sgd import GossipSGD
@@ -16,13 +16,18 @@ from squall.transport import Transport
 NAME = "matcha"  # the algorithm's name in metrics and in the train job's config
 
 
-def build_matcha(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``matcha``: ``topology`` (exponential), ``budget`` (0.5), ``seed`` (0), ``timeout``."""
-    mix = matcha_mixer(
-        transport,
-        str(options.pop("topology", "exponential")),
-        budget=float(options.pop("budget", 0.5)),
-        seed=int(options.pop("seed", 0)),
-        timeout=options.pop("timeout", None),
-    )
+@dataclass(frozen=True)
+class MatchaOptions:
+    """MATCHA's options (``algorithm_args``)."""
+
+    topology: str = "exponential"  # the base graph (squall.gossip.graphs)
+    budget: float = 0.5  # expected fraction of the matchings activated per round
+    seed: int = 0  # shared seed of the activations
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+
+def build_matcha(transport: Transport, sgd: Sgd, options: MatchaOptions) -> Algorithm:
+    """Builder of ``matcha`` (options: :class:`MatchaOptions`)."""
+    mix = matcha_mixer(transport, options.topology, budget=options.budget, seed=options.seed,
+                       timeout=options.timeout)
     return GossipSGD(mix, optimizer=sgd, name=NAME)

@@ -26,7 +26,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -37,13 +37,13 @@ from squall.protocols.moshpit.sgd import MoshpitTrainer
 from squall.training.config import run_config
 from squall.training.device import DeviceModel
 from squall.training.optim import Sgd
+from squall.training.options import option_keys, read_options
 from squall.training.run import job_result
 from squall.training.tasks.sharding import derive_seed
 from squall.transport.rejoinable_tcp import TcpPeerNet
 
 logger = logging.getLogger(__name__)
 
-AVERAGE_KEYS = frozenset({"numel", "bytes", "dtype", "trials", "rounds", "seed", "port"})
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 PROJECTIONS = 4
 PROBE_COORDS = 1 << 16
@@ -53,7 +53,7 @@ SEED_VECTORS = 0x4D50
 def moshpit_train(ctx: JobContext) -> dict[str, Any]:
     """Entry point ``moshpit``: Moshpit SGD on this node."""
     config = run_config(ctx)
-    options = MoshpitOptions.from_json(config.algorithm_args)
+    options = read_options(MoshpitOptions, config.algorithm_args, where="moshpit options")
     task = config.build_task()
     device = DeviceModel.from_config(config.device, node=ctx.rank)
 
@@ -74,6 +74,19 @@ def moshpit_train(ctx: JobContext) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class AverageOptions:
+    """An averaging job's own keys (the rest of its config are the Moshpit options)."""
+
+    numel: int = 10_000  # elements per vector (unless ``bytes``)
+    bytes: int | None = None  # size of a vector in bytes (over ``numel``)
+    dtype: Literal["float64", "float32"] = "float64"  # the vectors' dtype
+    trials: int = 1  # independent repetitions
+    rounds: int | None = None  # rounds per trial; None: the grid's d
+    seed: int | None = None  # None: the job's seed
+    port: int = 29500  # data-plane TCP port
+
+
+@dataclass(frozen=True)
 class AverageSpec:
     """What an averaging job averages, and for how long."""
 
@@ -86,18 +99,14 @@ class AverageSpec:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, default_seed: int, dims: int) -> AverageSpec:
-        """From an averaging job's config (the keys of :data:`AVERAGE_KEYS`)."""
-        dtype = DTYPES[str(config.get("dtype", "float64"))]
+        """From an averaging job's config (its keys of :class:`AverageOptions`; the others are left)."""
+        own = set(option_keys(AverageOptions))
+        keys = read_options(AverageOptions, {k: v for k, v in config.items() if k in own}, where="averaging job")
+        dtype = DTYPES[keys.dtype]
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        numel = int(config["bytes"]) // itemsize if "bytes" in config else int(config.get("numel", 10_000))
-        return cls(
-            numel,
-            dtype,
-            int(config.get("seed", default_seed)),
-            int(config.get("trials", 1)),
-            int(config.get("rounds", dims)),
-            int(config.get("port", 29500)),
-        )
+        numel = keys.numel if keys.bytes is None else keys.bytes // itemsize
+        seed = default_seed if keys.seed is None else keys.seed
+        return cls(numel, dtype, seed, keys.trials, dims if keys.rounds is None else keys.rounds, keys.port)
 
 
 def moshpit_average(ctx: JobContext) -> dict[str, Any]:
@@ -224,5 +233,6 @@ def _averager(ctx: JobContext, port: int, options: MoshpitOptions, *, seed: int)
 
 
 def options_of(config: Mapping[str, Any]) -> MoshpitOptions:
-    """The Moshpit options of an averaging job's config."""
-    return MoshpitOptions.from_json({k: v for k, v in config.items() if k not in AVERAGE_KEYS})
+    """The Moshpit options of an averaging job's config (its keys that are not :class:`AverageOptions`')."""
+    own = set(option_keys(AverageOptions))
+    return read_options(MoshpitOptions, {k: v for k, v in config.items() if k not in own}, where="moshpit options")

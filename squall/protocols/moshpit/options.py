@@ -1,4 +1,5 @@
-"""Moshpit's job options (the ``algorithm_args`` of a training job, or an averaging job's config).
+"""Moshpit's job options (a training job's ``algorithm_args``, or an averaging job's config), read by
+:func:`squall.training.options.read_options`.
 
 ==================== ================================================================ =========
 key                  meaning                                                          default
@@ -25,9 +26,7 @@ key                  meaning                                                    
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from squall.protocols.moshpit.allreduce import AllReduceConfig
 from squall.protocols.moshpit.averager import AveragerConfig
@@ -38,21 +37,21 @@ from squall.protocols.moshpit.grid import Grid
 class MoshpitOptions:
     """Validated Moshpit options (see the module docstring)."""
 
-    group_size: int = 2
-    dims: int | None = None
-    local_steps: int = 4
-    overlap: bool = True
-    alpha: float = 1.0
-    heartbeat_s: float = 0.25
-    peer_timeout_s: float = 3.0
-    matchmaking_s: float = 2.0
-    sender_timeout_s: float = 3.0
-    reducer_timeout_s: float = 6.0
-    part_bytes: int = 1 << 19
-    bandwidth: float | None = None
-    join_timeout_s: float = 10.0
-    late_after_s: float = 3.0
-    weight_by_steps: bool = False
+    group_size: int = 2  # M, cells per grid axis
+    dims: int | None = None  # d, grid axes; None: the fewest with M^d >= world size
+    local_steps: int = 4  # local SGD steps between averaging rounds
+    overlap: bool = True  # average in the background while training goes on
+    alpha: float = 1.0  # averaging rate
+    heartbeat_s: float = 0.25  # heartbeat interval
+    peer_timeout_s: float = 3.0  # silence after which a peer leaves the view
+    matchmaking_s: float = 2.0  # longest a leader waits for its group
+    sender_timeout_s: float = 3.0  # a copy of a shard not complete by then is excluded
+    reducer_timeout_s: float = 6.0  # an owner that has not answered by then has failed
+    part_bytes: int = 1 << 19  # largest tensor message
+    bandwidth: float | None = None  # this peer's declared bandwidth (None: undeclared)
+    join_timeout_s: float = 10.0  # how long a (re)starting peer listens for the swarm
+    late_after_s: float = 3.0  # a peer that heard others training longer than this joins late
+    weight_by_steps: bool = False  # weight a peer's model by its local steps since its last round
 
     def __post_init__(self) -> None:
         if self.local_steps < 1:
@@ -61,30 +60,6 @@ class MoshpitOptions:
             raise ValueError(f"join_timeout_s must be >= 0, got {self.join_timeout_s}")
         Grid(self.group_size, self.dims or 1)  # validates the grid
         self.averager()  # validates the rest
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> MoshpitOptions:
-        """From a JSON object; unknown keys raise ``ValueError`` naming the allowed ones."""
-        allowed = set(cls.__dataclass_fields__)
-        unknown = sorted(set(obj) - allowed)
-        if unknown:
-            raise ValueError(f"unknown moshpit options {unknown}; allowed: {sorted(allowed)}")
-        kinds: dict[str, type] = {
-            "group_size": int,
-            "local_steps": int,
-            "part_bytes": int,
-            "overlap": bool,
-            "weight_by_steps": bool,
-        }
-        values: dict[str, Any] = {}
-        for key, value in obj.items():
-            if value is None:
-                values[key] = None
-            elif key == "dims":
-                values[key] = int(value)
-            else:
-                values[key] = kinds.get(key, float)(value)
-        return cls(**values)
 
     def grid(self, world_size: int) -> Grid:
         """The grid for ``world_size`` peers."""

@@ -22,6 +22,7 @@ from squall.protocols.nonblocking.trainer import NonBlockingTrainer
 from squall.training.config import RunConfig, run_config
 from squall.training.device import DeviceModel
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import job_result
 from squall.training.tasks.base import SupervisedTask, Task
 from squall.training.vote import TransportVote
@@ -31,7 +32,7 @@ from squall.transport import TcpTransport, Transport
 def nonblocking(ctx: JobContext) -> dict[str, Any]:
     """Entry point: train with Non-blocking SGD; returns this worker's summary."""
     config = run_config(ctx)
-    options = NonblockingOptions.from_json(config.algorithm_args)
+    options = read_options(NonblockingOptions, config.algorithm_args, where="nonblocking options")
     options.microbatch_size(config.loop.batch_size)  # refuse a batch that does not split before connecting
     return asyncio.run(_run(ctx, config, options))
 

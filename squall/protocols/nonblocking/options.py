@@ -1,4 +1,4 @@
-"""Non-blocking SGD's options (the job's ``algorithm_args``), validated into a frozen dataclass.
+"""Non-blocking SGD's options (the job's ``algorithm_args``, read by :func:`squall.training.options.read_options`).
 
 ==================  ==============================================================  =================================
 key                 meaning                                                         default
@@ -25,19 +25,18 @@ from typing import Any
 
 SYNCS = ("ring", "gossip")
 DEFAULT_MIXER = "squall.gossip.sgd:graph_mixer"
-KEYS = frozenset({"microbatches", "sync", "mixer", "mixer_args", "timeout", "signal_timeout"})
 
 
 @dataclass(frozen=True)
 class NonblockingOptions:
     """How Non-blocking SGD runs (see the module docstring for the JSON keys)."""
 
-    microbatches: int = 4
-    sync: str = "ring"
-    mixer: str = DEFAULT_MIXER
-    mixer_args: Mapping[str, Any] = field(default_factory=dict)
-    timeout: float | None = None
-    signal_timeout: float = 5.0
+    microbatches: int = 4  # b: micro-batches a batch is split into
+    sync: str = "ring"  # one of SYNCS
+    mixer: str = DEFAULT_MIXER  # gossip only: "squall.<module>:<function>" building the mixer
+    mixer_args: Mapping[str, Any] = field(default_factory=dict)  # gossip only: the mixer's keyword arguments
+    timeout: float | None = None  # per send/receive of the synchronisation (None: the transport's default)
+    signal_timeout: float = 5.0  # sending a "finished" signal to one peer, s
 
     def __post_init__(self) -> None:
         if not isinstance(self.microbatches, int) or isinstance(self.microbatches, bool) or self.microbatches < 1:
@@ -54,23 +53,6 @@ class NonblockingOptions:
         if not isinstance(self.mixer_args, Mapping):
             raise ValueError(f"nonblocking option mixer_args={self.mixer_args!r}: must be an object")
         object.__setattr__(self, "mixer_args", MappingProxyType(dict(self.mixer_args)))
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any] | None) -> NonblockingOptions:
-        """Validate ``algorithm_args``; unknown keys are rejected."""
-        obj = dict(obj or {})
-        unknown = sorted(set(obj) - KEYS)
-        if unknown:
-            raise ValueError(f"nonblocking options have unknown keys {unknown}; allowed: {sorted(KEYS)}")
-        timeout = obj.get("timeout")
-        return cls(
-            microbatches=obj.get("microbatches", 4),
-            sync=str(obj.get("sync", "ring")),
-            mixer=str(obj.get("mixer", DEFAULT_MIXER)),
-            mixer_args=obj.get("mixer_args", {}),
-            timeout=None if timeout is None else float(timeout),
-            signal_timeout=float(obj.get("signal_timeout", 5.0)),
-        )
 
     def microbatch_size(self, batch_size: int) -> int:
         """Samples per micro-batch; ``batch_size`` must split into ``microbatches`` equal parts."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from squall.protocols.ps.sgd import ParameterServerSGD, build_ps
+from squall.protocols.ps.sgd import ParameterServerSGD, PsOptions, build_ps
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 NAME = ParameterServerSGD.name
 
 DECLARATIONS = (
-    AlgorithmDeclaration(NAME, build_ps, "num_servers, timeout"),
+    AlgorithmDeclaration(NAME, build_ps, PsOptions),
     Declaration(
         NAME,
         "synchronous sharded parameter server",

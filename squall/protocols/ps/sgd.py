@@ -16,7 +16,7 @@ would hold only their own shard fresh, so the shared loop does not offer them.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -65,11 +65,14 @@ class ParameterServerSGD(Algorithm):
         return out
 
 
-def build_ps(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``ps``: ``num_servers`` (1), ``timeout``."""
-    return ParameterServerSGD(
-        transport,
-        num_servers=int(options.pop("num_servers", 1)),
-        optimizer=sgd,
-        timeout=options.pop("timeout", None),
-    )
+@dataclass(frozen=True)
+class PsOptions:
+    """The parameter server's options (``algorithm_args``)."""
+
+    num_servers: int = 1  # ranks that also hold a shard of the parameters
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+
+def build_ps(transport: Transport, sgd: Sgd, options: PsOptions) -> Algorithm:
+    """Builder of ``ps`` (options: :class:`PsOptions`)."""
+    return ParameterServerSGD(transport, num_servers=options.num_servers, optimizer=sgd, timeout=options.timeout)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from squall.protocols.randk.sgd import NAME, build_randk
+from squall.protocols.randk.sgd import NAME, RandKConfig, build_randk
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 DECLARATIONS = (
-    AlgorithmDeclaration(NAME, build_randk, "ratio, ef, unbiased, seed, beta, dense_start, timeout"),
+    AlgorithmDeclaration(NAME, build_randk, RandKConfig),
     Declaration(
         NAME,
         "synchronous SGD, 10 % shared random coordinates ring-all-reduced, unbiased d/k scaling",

@@ -11,12 +11,11 @@ unscaled (contractive in expectation, ``delta = k/d``) form is the one EF is ana
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from squall.collectives import bind
 from squall.training.algorithms.base import Algorithm
 from squall.training.compress import CompressedSGD, RandK
-from squall.training.compress.feedback import feedback_options
+from squall.training.compress.feedback import FeedbackOptions
 from squall.training.compress.topk import MIN_RATIO
 from squall.training.optim import Sgd
 from squall.transport import Transport
@@ -26,16 +25,18 @@ NAME = "randk"  # the protocol's and the algorithm's name
 DENSE_TAG = 0x524E4444
 
 
-@dataclass(frozen=True, slots=True)
-class RandKConfig:
-    """Rand-K's settings."""
+@dataclass(frozen=True)
+class RandKConfig(FeedbackOptions):
+    """Rand-K's options (``algorithm_args``): its own, and the error feedback's (none by default)."""
 
+    ef: str = "none"  # one of EF_VARIANTS
     ratio: float = 0.1  # fraction of coordinates kept per step
-    unbiased: bool = True  # scale by d/k
+    unbiased: bool | None = None  # scale by d/k; None: when there is no error feedback (ef none)
     seed: int = 0  # shared seed (with the step) of the coordinates
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not MIN_RATIO <= self.ratio <= 1:
             raise ValueError(f"randk: ratio = {self.ratio} must be in [1/1024, 1]")
         if not 0 <= self.seed < 1 << 32:
@@ -43,18 +44,15 @@ class RandKConfig:
 
     def compressor(self) -> RandK:
         """The compressor of every compressed step (each step draws its coordinates from ``seed`` and the step)."""
-        return RandK(ratio=self.ratio, seed=self.seed, unbiased=self.unbiased)
+        return RandK(ratio=self.ratio, seed=self.seed, unbiased=self.scaled)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether a kept coordinate is scaled by d/k (``unbiased``, or by default when ``ef`` is none)."""
+        return self.ef == "none" if self.unbiased is None else self.unbiased
 
 
-def build_randk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``randk``: ``ratio`` (0.1), ``ef`` (none), ``unbiased`` (ef is none), ``seed`` (0), ``beta``,
-    ``dense_start``, ``timeout``."""
-    feedback = feedback_options(options, default="none")
-    unbiased = options.pop("unbiased", feedback.variant == "none")
-    if not isinstance(unbiased, bool):
-        raise ValueError(f"randk: unbiased = {unbiased!r} must be true or false")
-    timeout = options.pop("timeout", None)
-    config = RandKConfig(ratio=float(options.pop("ratio", 0.1)), unbiased=unbiased, seed=int(options.pop("seed", 0)),
-                         timeout=None if timeout is None else float(timeout))
+def build_randk(transport: Transport, sgd: Sgd, config: RandKConfig) -> Algorithm:
+    """Builder of ``randk`` (options: :class:`RandKConfig`)."""
     reduce = bind(transport, op="mean", dense_tag=DENSE_TAG, timeout=config.timeout)
-    return CompressedSGD(reduce, config.compressor(), feedback=feedback, optimizer=sgd, name=NAME)
+    return CompressedSGD(reduce, config.compressor(), feedback=config.feedback(), optimizer=sgd, name=NAME)

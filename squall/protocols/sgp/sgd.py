@@ -8,7 +8,7 @@ the shared gossip layer's (:class:`~squall.gossip.pushsum.PushSum`).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -55,11 +55,14 @@ class PushSumSGD(Algorithm):
         return {} if self._state is None else {"push_weight": float(self._state.w)}
 
 
-def build_sgp(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``sgp``: ``peers_per_round`` (1), ``timeout``."""
-    return PushSumSGD(
-        transport,
-        peers_per_round=int(options.pop("peers_per_round", 1)),
-        optimizer=sgd,
-        timeout=options.pop("timeout", None),
-    )
+@dataclass(frozen=True)
+class SgpOptions:
+    """SGP's options (``algorithm_args``)."""
+
+    peers_per_round: int = 1  # out-peers each round on the exponential graph
+    timeout: float | None = None  # per send/receive (None: the transport's default)
+
+
+def build_sgp(transport: Transport, sgd: Sgd, options: SgpOptions) -> Algorithm:
+    """Builder of ``sgp`` (options: :class:`SgpOptions`)."""
+    return PushSumSGD(transport, peers_per_round=options.peers_per_round, optimizer=sgd, timeout=options.timeout)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from squall.lowcomm import options as shared
+from squall.lowcomm.options import LowCommOptions, check_fraction, check_positive_int
 from squall.protocols.streaming_diloco.fragments import PATTERNS
 from squall.protocols.streaming_diloco.outer import ALPHA, OUTER_LR, OUTER_MOMENTUM, StreamingDiLoCo
 from squall.training.algorithms.base import Algorithm
@@ -16,33 +16,41 @@ PAPER = ("Streaming DiLoCo: Douillard, Donchev, Rush, Kale, Charles, Garrett, Te
          "Szlam, Ranzato, Barham, arXiv 2501.18512")
 
 
-def build_streaming(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``streaming_diloco``: ``sync_every`` (100), ``fragments`` (2), ``overlap`` (1), ``alpha`` (0.5),
-    ``outer_lr`` (0.4), ``outer_momentum`` (0.9), ``nesterov``, ``pattern`` (strided), ``sync_at_end``, the shared
-    inner-optimiser options, and the averaging options with ``compression`` fp4 by default."""
-    sync_every = shared.positive_int(options, "sync_every", 100)
-    fragments = shared.positive_int(options, "fragments", 2)
-    overlap = options.pop("overlap", 1)
-    if isinstance(overlap, bool) or not isinstance(overlap, int):
-        raise ValueError(f"overlap must be an integer number of inner steps, got {overlap!r}")
-    alpha = shared.fraction(options, "alpha", ALPHA, open_low=False)
-    outer_lr = float(options.pop("outer_lr", OUTER_LR))
-    momentum = shared.fraction(options, "outer_momentum", OUTER_MOMENTUM, high=0.999, open_low=False)
-    nesterov = bool(options.pop("nesterov", True))
-    pattern = str(options.pop("pattern", "strided"))
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    at_end = bool(options.pop("sync_at_end", True))
-    inner = shared.inner_optimizer(sgd, options)
-    return StreamingDiLoCo(shared.averager(transport, options, compression="fp4"), sync_every=sync_every,
-                           fragments=fragments, inner=inner, overlap=overlap, alpha=alpha, outer_lr=outer_lr,
-                           outer_momentum=momentum, nesterov=nesterov, pattern=pattern, sync_at_end=at_end)
+@dataclass(frozen=True)
+class StreamingOptions(LowCommOptions):
+    """Streaming DiLoCo's options (``algorithm_args``): its own, and the family's with ``compression`` fp4."""
+
+    compression: str = "fp4"  # the outer gradients' compression (the family's option, another default)
+    sync_every: int = 100  # H: inner steps between two syncs of one fragment
+    fragments: int = 2  # F: fragments synced on a staggered schedule
+    overlap: int = 1  # tau: inner steps a fragment's sync overlaps
+    alpha: float = ALPHA  # mixing of the synced fragment with the local one, in [0, 1]
+    outer_lr: float = OUTER_LR  # the outer Nesterov's learning rate
+    outer_momentum: float = OUTER_MOMENTUM  # the outer momentum, in [0, 0.999]
+    nesterov: bool = True  # Nesterov (else heavy-ball) outer momentum
+    pattern: str = "strided"  # how the parameters are cut into fragments (PATTERNS)
+    sync_at_end: bool = True  # one more outer step after the last inner step
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("sync_every", self.sync_every)
+        check_positive_int("fragments", self.fragments)
+        check_fraction("alpha", self.alpha, open_low=False)
+        check_fraction("outer_momentum", self.outer_momentum, high=0.999, open_low=False)
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"pattern must be one of {PATTERNS}, got {self.pattern!r}")
+
+
+def build_streaming(transport: Transport, sgd: Sgd, options: StreamingOptions) -> Algorithm:
+    """Builder of ``streaming_diloco`` (options: :class:`StreamingOptions`)."""
+    return StreamingDiLoCo(options.averager(transport), sync_every=options.sync_every, fragments=options.fragments,
+                           inner=options.inner_optimizer(sgd), overlap=options.overlap, alpha=options.alpha,
+                           outer_lr=options.outer_lr, outer_momentum=options.outer_momentum,
+                           nesterov=options.nesterov, pattern=options.pattern, sync_at_end=options.sync_at_end)
 
 
 DECLARATIONS = (
-    AlgorithmDeclaration(StreamingDiLoCo.name, build_streaming,
-                         "sync_every, fragments, overlap, alpha, outer_lr, outer_momentum, nesterov, pattern, "
-                         "sync_at_end, inner, betas, eps, inner_wd, compression (fp4), compression_args, timeout"),
+    AlgorithmDeclaration(StreamingDiLoCo.name, build_streaming, StreamingOptions),
     Declaration(StreamingDiLoCo.name, "Streaming DiLoCo: 2 strided fragments, each synced every 100 steps on a "
                 "staggered schedule, FP4 outer gradients, 1 step of overlap", "train",
                 {"algorithm": StreamingDiLoCo.name, "algorithm_args": {"sync_every": 100, "fragments": 2,

@@ -16,6 +16,7 @@ from squall.protocols.swarm.options import SwarmOptions
 from squall.training.config import RunConfig, run_config
 from squall.training.device import DeviceModel
 from squall.training.optim import Sgd
+from squall.training.options import read_options
 from squall.training.run import job_result
 from squall.transport import TcpTransport
 
@@ -23,7 +24,7 @@ from squall.transport import TcpTransport
 def swarm(ctx: JobContext) -> dict[str, Any]:
     """Entry point: train with SwarmSGD; returns this node's summary."""
     config = run_config(ctx)
-    options = SwarmOptions.from_json(config.algorithm_args)
+    options = read_options(SwarmOptions, config.algorithm_args, where="swarm options")
     return asyncio.run(_swarm(ctx, config, options))
 
 

@@ -1,4 +1,4 @@
-"""SwarmSGD's options (the job's ``algorithm_args``), validated into a frozen dataclass.
+"""SwarmSGD's options (the job's ``algorithm_args``, read by :func:`squall.training.options.read_options`).
 
 ==================  =========================================================  ==================
 key                 meaning                                                    default
@@ -20,28 +20,10 @@ key                 meaning                                                    d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from squall.protocols.swarm.averaging import QuantizerConfig
 from squall.protocols.swarm.schedule import TOPOLOGIES
-
-KEYS = frozenset(
-    {
-        "topology",
-        "degree",
-        "local_steps",
-        "geometric",
-        "bits",
-        "eps",
-        "offer_safety",
-        "answer_safety",
-        "max_overlap",
-        "exchange_timeout",
-        "drain_timeout",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -52,12 +34,19 @@ class SwarmOptions:
     degree: int = 4  # random regular graph's degree
     local_steps: float = 3.0  # H: mean local steps between interactions
     geometric: bool = True  # H_i ~ Geom(1/H) rather than exactly H
-    quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)  # snapshot encoding
+    bits: int = QuantizerConfig.bits  # snapshot encoding: 4 or 8 (lattice), 32 (full precision)
+    eps: float | None = QuantizerConfig.eps  # fixed lattice spacing; None: per message from the distance
+    offer_safety: float = QuantizerConfig.offer_safety  # offers: lattice radius / estimated distance
+    answer_safety: float = QuantizerConfig.answer_safety  # answers: lattice radius / true distance
     max_overlap: int = 1  # offers answered while this node's own offer is in flight
     exchange_timeout: float = 5.0  # seconds before an unanswered offer is given up
     drain_timeout: float = 15.0  # seconds to wait for the peers' DONE at the end
+    quantizer: QuantizerConfig = field(init=False, repr=False, compare=False)  # the snapshot encoding, from the above
 
     def __post_init__(self) -> None:
+        quantizer = QuantizerConfig(bits=self.bits, eps=self.eps, offer_safety=self.offer_safety,
+                                    answer_safety=self.answer_safety)  # checks them
+        object.__setattr__(self, "quantizer", quantizer)
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.topology!r}; known: {TOPOLOGIES}")
         if self.degree < 2:
@@ -69,29 +58,3 @@ class SwarmOptions:
         for name in ("exchange_timeout", "drain_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any] | None) -> SwarmOptions:
-        """Validate ``algorithm_args``; unknown keys are rejected."""
-        obj = dict(obj or {})
-        unknown = sorted(set(obj) - KEYS)
-        if unknown:
-            raise ValueError(f"swarm options have unknown keys {unknown}; allowed: {sorted(KEYS)}")
-        eps = obj.get("eps")
-        defaults = QuantizerConfig()
-        quantizer = QuantizerConfig(
-            bits=int(obj.get("bits", defaults.bits)),
-            eps=None if eps is None else float(eps),
-            offer_safety=float(obj.get("offer_safety", defaults.offer_safety)),
-            answer_safety=float(obj.get("answer_safety", defaults.answer_safety)),
-        )
-        return cls(
-            topology=str(obj.get("topology", "random_regular")),
-            degree=int(obj.get("degree", 4)),
-            local_steps=float(obj.get("local_steps", 3.0)),
-            geometric=bool(obj.get("geometric", True)),
-            quantizer=quantizer,
-            max_overlap=int(obj.get("max_overlap", 1)),
-            exchange_timeout=float(obj.get("exchange_timeout", 5.0)),
-            drain_timeout=float(obj.get("drain_timeout", 15.0)),
-        )

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from squall.protocols.topk.sgd import NAME, build_topk
+from squall.protocols.topk.sgd import NAME, TopKConfig, build_topk
 from squall.training.declaration import AlgorithmDeclaration, Declaration
 
 DECLARATIONS = (
-    AlgorithmDeclaration(NAME, build_topk, "ratio, ef (none/ef14/ef21/ef21m), beta, dense_start, timeout"),
+    AlgorithmDeclaration(NAME, build_topk, TopKConfig),
     Declaration(
         NAME,
         "synchronous SGD, Top-K 1 % gradients all-gathered with indices, EF14",

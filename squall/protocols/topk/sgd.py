@@ -7,12 +7,11 @@ indices, and averages them in rank order: every rank gets the same bits).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from squall.collectives import bind
 from squall.training.algorithms.base import Algorithm
 from squall.training.compress import CompressedSGD, TopK
-from squall.training.compress.feedback import feedback_options
+from squall.training.compress.feedback import FeedbackOptions
 from squall.training.compress.topk import MIN_RATIO
 from squall.training.optim import Sgd
 from squall.transport import Transport
@@ -22,14 +21,16 @@ NAME = "topk"  # the protocol's and the algorithm's name
 DENSE_TAG = 0x544B4453
 
 
-@dataclass(frozen=True, slots=True)
-class TopKConfig:
-    """Top-K's settings."""
+@dataclass(frozen=True)
+class TopKConfig(FeedbackOptions):
+    """Top-K's options (``algorithm_args``): its own, and the error feedback's (ef14 by default)."""
 
+    ef: str = "ef14"  # one of EF_VARIANTS
     ratio: float = 0.01  # fraction of coordinates kept per step
     timeout: float | None = None  # per send/receive (None: the transport's default)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not MIN_RATIO <= self.ratio <= 1:
             raise ValueError(f"topk: ratio = {self.ratio} must be in [1/1024, 1]")
 
@@ -38,10 +39,7 @@ class TopKConfig:
         return TopK(ratio=self.ratio)
 
 
-def build_topk(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
-    """Builder of ``topk``: ``ratio`` (0.01), ``ef`` (ef14), ``beta``, ``dense_start``, ``timeout``."""
-    feedback = feedback_options(options, default="ef14")
-    timeout = options.pop("timeout", None)
-    config = TopKConfig(ratio=float(options.pop("ratio", 0.01)), timeout=None if timeout is None else float(timeout))
+def build_topk(transport: Transport, sgd: Sgd, config: TopKConfig) -> Algorithm:
+    """Builder of ``topk`` (options: :class:`TopKConfig`)."""
     reduce = bind(transport, op="mean", dense_tag=DENSE_TAG, timeout=config.timeout)
-    return CompressedSGD(reduce, config.compressor(), feedback=feedback, optimizer=sgd, name=NAME)
+    return CompressedSGD(reduce, config.compressor(), feedback=config.feedback(), optimizer=sgd, name=NAME)

@@ -10,20 +10,19 @@ all-reduce SGD and local SGD over any reducer.
 
 from __future__ import annotations
 
-from typing import Any
-
 from squall.training.algorithms.base import Algorithm, LocalOnly, Mixer, Reducer
 from squall.training.declaration import AlgorithmDeclaration
 from squall.training.optim import Sgd
+from squall.training.options import NoOptions
 from squall.transport import Transport
 
 
-def _local(transport: Transport, sgd: Sgd, options: dict[str, Any]) -> Algorithm:
+def _local(transport: Transport, sgd: Sgd, options: NoOptions) -> Algorithm:
     return LocalOnly(optimizer=sgd)
 
 
 #: No communication: every rank trains alone on its shard.
-LOCAL = AlgorithmDeclaration(LocalOnly.name, _local)
+LOCAL = AlgorithmDeclaration(LocalOnly.name, _local, NoOptions)
 
 
 __all__ = ["LOCAL", "Algorithm", "LocalOnly", "Mixer", "Reducer"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -177,11 +177,20 @@ class CompressedSGD(Algorithm):
                 "ef_residual": self.feedback.residual_norm()}
 
 
-def feedback_options(options: dict[str, Any], *, default: str) -> FeedbackConfig:
-    """Pop ``ef`` (``default``), ``beta`` (0.9) and ``dense_start`` (true) from a builder's ``options``."""
-    variant = str(options.pop("ef", default))
-    beta = float(options.pop("beta", 0.9))
-    dense_start = options.pop("dense_start", True)
-    if not isinstance(dense_start, bool):
-        raise ValueError(f"dense_start = {dense_start!r} must be true or false")
-    return FeedbackConfig(variant=variant, beta=beta, dense_start=dense_start)
+@dataclass(frozen=True)
+class FeedbackOptions:
+    """The error-feedback options of a compressed protocol: the base of its options dataclass.
+
+    A protocol's class sets its own default for ``ef`` (Top-K: ef14, Rand-K: none, ARC-Top-K: ef21m).
+    """
+
+    ef: str = "ef21m"  # one of EF_VARIANTS
+    beta: float = 0.9  # EF21M's momentum, in [0, 1)
+    dense_start: bool = True  # EF21/EF21M: a dense all-reduce at the first step initialises the estimates
+
+    def __post_init__(self) -> None:
+        self.feedback()  # checks ef and beta
+
+    def feedback(self) -> FeedbackConfig:
+        """The error feedback these options ask for."""
+        return FeedbackConfig(variant=self.ef, beta=self.beta, dense_start=self.dense_start)
