@@ -74,7 +74,7 @@ class ClusterSpec:
     subnet: str | None = None  # None: a free /24 picked at random from the pool (unique per run)
     name: str = "squall"  # prefix of the container and network names
     tcp_buffer_max: int = 32 << 20  # max TCP rmem/wmem per socket: 1 Gbit/s x 100 ms needs 12.5 MB
-    preload: tuple[str, ...] = ("torch",)  # modules the agent imports before it reports ready
+    preload: tuple[str, ...] = ("torch", "squall.worker.warm")  # what the agent imports before it reports ready
     ready_timeout_s: float = 180.0  # how long to wait for every agent to answer
     mounts: tuple[Mount, ...] = ()  # extra read-only code mounts
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the agents and their jobs

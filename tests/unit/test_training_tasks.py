@@ -238,3 +238,21 @@ def test_make_task_rejects_unknown_names_and_arguments() -> None:
         make_task("quadratic", depth=3)
     assert make_task("mlp_digits", hidden=16).dim == 16 * 64 + 16 + 10 * 16 + 10
     assert isinstance(make_task("quadratic", sharding="iid"), LeastSquares)
+
+
+def test_the_digits_are_read_from_scikit_learns_file_without_importing_it() -> None:
+    """Importing scikit-learn (scipy and all) cost every job seconds of start-up before its first step."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from squall.training.tasks.digits import digits_split; (x, y), (tx, ty) = digits_split(); "
+            "print(len(x) + len(tx), int(y.max()) + 1, 'sklearn' in sys.modules, 'scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1797", "10", "False", "False"]
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+
+    from squall.training.tasks.digits import digits_split
+    (x, y), (tx, ty) = digits_split()
+    ref_x, ref_y = load_digits(return_X_y=True)
+    assert sorted(torch.cat([y, ty]).tolist()) == sorted(ref_y.tolist())  # the same images, split as before
+    assert float(torch.cat([x, tx]).sum()) == pytest.approx(float(ref_x.sum()) / 16.0, rel=1e-6)
