@@ -14,7 +14,8 @@ hosts NTP keeps it within a millisecond, far below the lead time the host gives.
 * ``tcp_goodput``: timed bulk transfers from ``transfers`` (each ``{src, dst, at_s, seconds,
   warmup_s}``), measured at the receiver over ``[first byte + warmup_s, first byte + seconds]``.
   The host chooses the schedule; by default it runs one transfer at a time, so that transfers do
-  not compete for the host's cores.
+  not compete for the host's cores. Transfers that start together run together (a sender runs each
+  of its transfers on a thread of its own): a node sending to all its peers at once.
 * ``tcp_rtt``: request/response round trips over one TCP connection per pair, the fallback when
   UDP cannot be used (it sees retransmissions, not loss).
 
@@ -428,7 +429,7 @@ def _measure_stream(conn: socket.socket, t: Transfer) -> dict[str, Any]:
     """Read for ``t.seconds`` from the first byte; count bytes in the window after ``t.warmup_s``."""
     buf = bytearray(_RECV)
     total = conn.recv_into(buf)
-    first = time.monotonic()
+    first, first_wall = time.monotonic(), time.time()
     if total == 0:
         raise ConnectionError("sender closed before sending data")
     mark_at, end_at = first + t.warmup_s, first + t.seconds
@@ -454,6 +455,7 @@ def _measure_stream(conn: socket.socket, t: Transfer) -> dict[str, Any]:
     window = now - marked[0]
     return {
         "bytes": total,
+        "first_wall": first_wall,
         "window_s": window,
         "goodput_bps": (total - marked[1]) * 8 / window,
         "mss": conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG),
@@ -507,11 +509,20 @@ def tcp_goodput(ctx: JobContext) -> dict[str, Any]:
     inbound = [t for t in transfers if t.dst == ctx.rank]
     receiver = _Receiver(ctx.spec.peers[ctx.rank], port, inbound)
     receiver.thread.start()
-    sent: list[dict[str, Any]] = []
+    outbound = [t for t in transfers if t.src == ctx.rank]
+    sent: list[dict[str, Any]] = [{} for _ in outbound]
+
+    def send(k: int, t: Transfer) -> None:
+        sent[k] = _send_transfer(ctx.spec.peers, port, ctx.rank, t, start_mono)
+
+    # one thread per transfer, each waiting for its own start: transfers that start together (a node
+    # sending to all its peers at once, to measure its shared uplink) run at the same time
+    senders = [threading.Thread(target=send, args=(k, t), daemon=True) for k, t in enumerate(outbound)]
     try:
-        for t in transfers:
-            if t.src == ctx.rank:
-                sent.append(_send_transfer(ctx.spec.peers, port, ctx.rank, t, start_mono))
+        for thread in senders:
+            thread.start()
+        for thread in senders:
+            thread.join()
         end = start_mono + max((t.at_s + t.seconds for t in inbound), default=0.0) + 5.0
         while not receiver.done() and time.monotonic() < end:
             time.sleep(0.05)

@@ -100,6 +100,15 @@ def test_tcp_goodput_one_transfer_at_a_time(tmp_path: Path) -> None:
     assert values[1]["received"][0]["ended_early"] is False
 
 
+def test_tcp_goodput_transfers_that_start_together_run_together(tmp_path: Path) -> None:
+    transfers = [{"src": 0, "dst": d, "at_s": 0.0, "seconds": 0.6, "warmup_s": 0.1} for d in (1, 2)]
+    config = {"transfers": transfers, "port": _port(), "start_wall": time.time() + 0.5}
+    values, _ = _run_all(probes.tcp_goodput, config, tmp_path)
+    firsts = [values[d]["received"][0]["first_wall"] for d in (1, 2)]
+    assert all(values[d]["received"][0]["goodput_bps"] > 0 for d in (1, 2))
+    assert abs(firsts[0] - firsts[1]) < 0.3  # one after the other, the second would start 0.6 s later
+
+
 def test_tcp_goodput_reports_a_missing_sender(tmp_path: Path) -> None:
     transfers = [{"src": 0, "dst": 1, "at_s": 0.0, "seconds": 0.3, "warmup_s": 0.1}]
     config = {"transfers": transfers, "port": _port(), "start_wall": time.time() + 0.3}
