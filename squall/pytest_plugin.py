@@ -58,9 +58,11 @@ logger = logging.getLogger(__name__)
 
 MARKER = "squall"
 MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config",
-               "compare"}
+               "compare", "hang_after", "agree"}
 #: Marker keys of a program (``command=[...]``) rather than a protocol.
-PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude"}
+PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude", "agree"}
+#: Keys a protocol's marker and a program's both take (they do not make a marker a program's).
+SHARED_KEYS = {"agree"}
 #: Marker keys that make no sense with a command.
 PROTOCOL_ONLY = {"protocols", "steps", "task", "lr", "config"}
 DEFAULTS: dict[str, Any] = {"protocols": ["ring"], "profiles": ["lan"], "workers": [4], "seeds": [0]}
@@ -84,6 +86,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--squall-replay", type=Path, metavar="RESULTS_DIR",
                     help="run each cell that RESULTS_DIR recorded (same protocol, profile, workers and seed) on "
                          "its recorded timeline: link changes and churn at their recorded times")
+    group.addoption("--squall-hang-after", type=float, metavar="S",
+                    help="stop a cell as hung when no rank printed a line and the links carried under 1 KB/s for S "
+                         "seconds, every rank's stack taken first (default: 120, or the budget when shorter)")
     group.addoption("--squall-calibrate", choices=["on", "off"], default=None,
                     help="calibrate each profile quickly before its first cell (default on; the matrix file's "
                          "calibrate: false turns it off too)")
@@ -147,7 +152,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.squall got unknown argument(s) "
                                 f"{unknown}; allowed: {sorted(MARKER_KEYS | PROGRAM_KEYS)}")
-    if "command" in kwargs or set(kwargs) & PROGRAM_KEYS:
+    if "command" in kwargs or set(kwargs) & (PROGRAM_KEYS - SHARED_KEYS):
         cells, ids = _program_cells(session, metafunc, kwargs)
         metafunc.parametrize("squall_cell", cells, ids=ids)
         return
@@ -177,8 +182,9 @@ def _program_cells(session: SquallSession, metafunc: pytest.Metafunc, kwargs: di
     if clash:
         raise pytest.UsageError(f"{where}: @pytest.mark.squall(command=...) cannot take {clash} (they are a "
                                 "protocol's); the program reads its own settings")
-    if "seconds" in kwargs and _marker_value_problem("seconds", kwargs["seconds"]):
-        raise pytest.UsageError(f"{where}: @pytest.mark.squall(seconds={kwargs['seconds']!r}): allowed: a number > 0")
+    for key in ("seconds", "hang_after"):
+        if key in kwargs and _marker_value_problem(key, kwargs[key]):
+            raise pytest.UsageError(f"{where}: @pytest.mark.squall({key}={kwargs[key]!r}): allowed: a number > 0")
     test_dir = Path(metafunc.definition.path).parent
     raw = {k: kwargs[k] for k in (*PROGRAM_KEYS, "target") if k in kwargs}
     try:
@@ -263,8 +269,16 @@ def _number(value: object, *, integer: bool = False) -> bool:
 
 def _marker_value_problem(key: str, value: Any) -> str:
     """Why a marker argument (other than the matrix axes, checked by build_matrix) is unusable; '' if it is fine."""
-    if key in ("seconds", "lr") and not _number(value):
+    if key in ("seconds", "lr", "hang_after") and not _number(value):
         return "allowed: a number > 0"
+    if key == "agree":
+        from squall.checks.agreement import PROTOCOL_FIGURES, Agree, AgreeError, check_names
+
+        try:
+            check_names([Agree.parse(v) for v in ([value] if isinstance(value, str) else value)], PROTOCOL_FIGURES,
+                        flag="agree", what="a protocol's records")
+        except (AgreeError, TypeError) as exc:
+            return str(exc)
     if key == "steps" and not _number(value, integer=True):
         return "allowed: an integer > 0"
     if key == "task" and not (isinstance(value, str) and value):
@@ -436,9 +450,13 @@ def _spec_from(cell: Any, marker: pytest.Mark | None, session: SquallSession, **
     from squall.experiment.lab import RunSpec
 
     kwargs = dict(marker.kwargs) if marker else {}
-    keys = ("steps", "task", "target", "lr", "config", "batch_size")
+    keys = ("steps", "task", "target", "lr", "config", "batch_size", "hang_after", "agree")
     extra: dict[str, Any] = {k: session.matrix_run[k] for k in keys if k in session.matrix_run}
+    if session.option("hang-after") is not None:
+        extra["hang_after"] = session.option("hang-after")
     extra.update({k: kwargs[k] for k in keys if k in kwargs})
+    if isinstance(extra.get("agree"), str):
+        extra["agree"] = (extra["agree"],)
     seconds = kwargs.get("seconds", session.option("seconds") or session.matrix_run.get("seconds") or 20.0)
     fields: dict[str, Any] = {**extra, **over}
     return RunSpec(protocol=cell.protocol, profile=cell.profile, seed=cell.seed, seconds=seconds, **fields)
@@ -452,6 +470,10 @@ def squall_trace(request: pytest.FixtureRequest, squall_cell: Any, squall_lab: A
                                    squall_cell.workers)
     trace = squall_session.session.run(spec, squall_cell.workers, label=request.node.nodeid)
     request.node.stash[_TRACE] = trace
+    from squall.checks.liveness import run_verdicts
+
+    request.node.stash.setdefault(_VERDICTS, []).extend(run_verdicts(trace.meta))  # hung, --agree: in the report
+    request.node.user_properties.append(("squall_hung", trace.meta.hang is not None))
     request.node.user_properties.append(("squall_backend", trace.backend))
     calibrated = squall_session.fidelity.verdicts.get(spec.profile)
     request.node.user_properties.append(("squall_calibration", calibrated or "not calibrated"))
@@ -540,15 +562,19 @@ def squall_program(request: pytest.FixtureRequest, squall_cell: Any, squall_sess
     kwargs = dict(marker.kwargs) if marker else {}
     seconds = float(kwargs.get("seconds", squall_session.option("seconds") or squall_session.matrix_run.get("seconds")
                                 or 60.0))
+    hang_after = kwargs.get("hang_after", squall_session.option("hang-after")
+                            or squall_session.matrix_run.get("hang_after"))
     done = squall_session.session.run_program(program, squall_cell.profile, squall_cell.workers, seconds=seconds,
                                               seed=squall_cell.seed, logs=tmp_path / "ranks",
-                                              label=request.node.nodeid)
+                                              label=request.node.nodeid,
+                                              hang_after=float(hang_after) if hang_after is not None else None)
     verdict = judge(done.trace, done.runs, target=program.target, metric_names=program.metric_names)
     request.node.stash[_TRACE] = done.trace
     request.node.stash.setdefault(_VERDICTS, []).append(verdict)
     request.node.user_properties.append(("squall_backend", done.trace.backend))
     request.node.user_properties.append(("squall_program_verdict", {True: "pass", False: "fail", None: "unknown"}
                                          [verdict.passed]))
+    request.node.user_properties.append(("squall_hung", done.trace.meta.hang is not None))
     return ProgramResult(done.trace, verdict, program.target, done.runs)
 
 
@@ -594,7 +620,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     verdicts: list[Any] = item.stash.get(_VERDICTS, [])
     trace = item.stash[_TRACE]
     session.cells.append(CellResult(cell_id, trace, tuple(verdicts)))
-    session.profiles.append((cell.profile, cell.workers) if cell is not None else (trace.profile, trace.workers))
+    session.profiles.append((cell.profile, cell.workers) if cell is not None else (trace.profile, trace.nodes))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

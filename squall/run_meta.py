@@ -204,12 +204,27 @@ class LinkCount:
 
 
 @dataclass(frozen=True)
+class NodeBytes:
+    """One node's traffic over a run: to and from other nodes (kernel link counts) and inside it (loopback)."""
+
+    node: int  # the node (container) index
+    ranks: tuple[int, ...]  # its global ranks: node * nproc_per_node + local rank
+    sent: int  # IP bytes it sent to other nodes (the sum of its outgoing links)
+    received: int  # IP bytes other nodes sent it (the sum of its incoming links)
+    inside: int | None  # bytes its loopback device carried (its ranks' traffic to one another); None: not read
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ranks": list(self.ranks), "sent": self.sent, "received": self.received,
+                "inside": self.inside}
+
+
+@dataclass(frozen=True)
 class ProgramMeta:
     """What only a user's program's run has."""
 
     spec: Mapping[str, Any]  # the program as ProgramSpec.to_json() wrote it (command, patterns, target...)
     runs: tuple[RankRun, ...]  # every rank's runs, restarts included
-    samples: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (seconds from the start, bytes each rank had sent)
+    samples: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (seconds from the start, bytes each node had sent)
     duration_s: float | None = None  # from the first rank's start to the last one's end
     budget_s: float | None = None  # the program's hard budget
     stopped_after_failure_s: float | None = None  # when the ranks were stopped because one failed
@@ -261,6 +276,8 @@ class RunMeta:
     stacks: tuple[RankStack, ...] = ()  # ranks' stacks: at a hang, or still running at the end of the budget
     faults: tuple[FaultEvent, ...] = ()  # every fault the run went through, with the recovery after it
     agreement: tuple[Agreement, ...] = ()  # each --agree figure's outcome
+    nproc_per_node: int = 1  # ranks per node: a record's worker is its global rank, its node rank // nproc_per_node
+    loopback: tuple[int | None, ...] = ()  # by node: bytes its loopback device carried during the run (); not read
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know (kept, not read)
 
     def to_json(self) -> dict[str, Any]:
@@ -300,6 +317,10 @@ class RunMeta:
                 values[name] = Hang.from_json(raw) if isinstance(raw, Mapping) else None
             elif name in _ROWS:
                 values[name] = tuple(_ROWS[name](row) for row in raw or () if isinstance(row, Mapping))
+            elif name == "loopback":
+                values[name] = tuple(None if v is None else int(v) for v in raw or ())
+            elif name == "nproc_per_node":
+                values[name] = int(raw or 1)
             elif name in ("failures", "timeline_lateness_s", "placement", "summaries"):
                 values[name] = tuple(raw or ())
             elif name == "rejoined":
@@ -328,6 +349,12 @@ class RunMeta:
             if 0 <= link.dst < workers:
                 out[link.dst] += link.bytes
         return out
+
+    def node_bytes(self, nodes: int) -> tuple[NodeBytes, ...]:
+        """Each node's bytes between nodes and inside it (:class:`NodeBytes`), with its global ranks."""
+        sent, got, k = self.sent(nodes), self.received(nodes), self.nproc_per_node
+        return tuple(NodeBytes(n, tuple(range(n * k, (n + 1) * k)), sent[n], got[n],
+                               self.loopback[n] if n < len(self.loopback) else None) for n in range(nodes))
 
 
 _ROWS: dict[str, Any] = {"stacks": RankStack.from_json, "faults": FaultEvent.from_json,

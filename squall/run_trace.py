@@ -25,13 +25,13 @@ NAMED_FIGURES = ("loss", "eval_loss", "accuracy")
 class StepRecord:
     """One training step of one worker."""
 
-    worker: int  # node index
+    worker: int  # the rank: the node index, or its global rank when a node runs several (meta.nproc_per_node)
     step: int  # the worker's own step counter
     t: float  # seconds since the run started (shared clock)
     loss: float | None = None  # training loss of the step
     eval_loss: float | None = None  # held-out loss, when the step evaluated
     accuracy: float | None = None  # held-out accuracy, when the step evaluated
-    bytes_sent: int = 0  # cumulative bytes this worker sent
+    bytes_sent: int = 0  # cumulative bytes this worker sent (kernel counts: its node's, shared by its ranks)
     projection: tuple[float, ...] = ()  # fixed random projection of the parameters (same matrix everywhere)
     param_hash: str = ""  # hash of the parameter bytes
     norm: float | None = None  # parameter norm
@@ -70,7 +70,7 @@ class RunTrace:
 
     protocol: str  # e.g. "ring"
     profile: str  # e.g. "wan-5ms"
-    workers: int  # cluster size
+    workers: int  # ranks: the cluster size, times meta.nproc_per_node when each node runs several
     seed: int  # run seed
     backend: str  # shaping backend that ran ("netem", "nfqueue", or "none")
     records: tuple[StepRecord, ...]  # every worker's steps, in time order
@@ -81,6 +81,15 @@ class RunTrace:
     def of(self, worker: int) -> list[StepRecord]:
         """One worker's records in time order."""
         return [r for r in self.records if r.worker == worker]
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes (containers) ran: ``workers`` is the number of ranks, ``meta.nproc_per_node`` on each."""
+        return max(1, self.workers // max(1, self.meta.nproc_per_node)) if self.workers else 0
+
+    def node_of(self, worker: int) -> int:
+        """The node a rank ran on (kernel byte counts, churn and placement are per node)."""
+        return worker // max(1, self.meta.nproc_per_node)
 
     @property
     def alive(self) -> tuple[int, ...]:

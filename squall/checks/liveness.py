@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from squall.checks.agreement import agree_verdict
 from squall.checks.verdict import Verdict
 from squall.run_meta import RunMeta
 
@@ -26,6 +27,11 @@ def hang_verdict(meta: RunMeta) -> Verdict | None:
     where = f"; blocked in: {'; '.join(blocked)}" if blocked else ""
     return Verdict(CHECK, False, round(hang.quiet_since_s, 3), f"a line or traffic at least every {hang.after_s:g} s",
                    hang.describe() + where)
+
+
+def run_verdicts(meta: RunMeta) -> tuple[Verdict, ...]:
+    """The verdicts every run carries besides its own checks: hung, and its ``--agree`` figures."""
+    return tuple(v for v in (hang_verdict(meta), agree_verdict(meta.agreement)) if v is not None)
 
 
 def outcome(meta: RunMeta, failures: Sequence[str] = ()) -> str:

@@ -63,8 +63,8 @@ def _mean(values: Sequence[float]) -> float | None:
 def _sent_in_all(trace: RunTrace) -> float | None:
     alive = [w for w in trace.alive if trace.of(w)] or list(range(trace.workers))
     if trace.meta.links:
-        sent = trace.meta.sent(trace.workers)
-        return _mean([float(sent[w]) for w in alive])
+        sent = trace.meta.sent(trace.nodes)  # per node: a node's ranks share its count
+        return _mean([float(sent[trace.node_of(w)]) for w in alive])
     return _mean([float(trace.of(w)[-1].bytes_sent) for w in alive if trace.of(w)])
 
 

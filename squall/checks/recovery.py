@@ -9,8 +9,9 @@ phase). Each becomes one :class:`~squall.run_meta.FaultEvent`:
 * ``at_s`` and ``end_s``: when it was applied and undone (None: it lasted to the end of the run);
 * ``recovered_after_s``: from ``end_s`` until every surviving rank printed a figure again (the
   first record of each after the end; the slowest decides); None when one never did;
-* ``progressed``: every surviving rank it did not strike printed a figure while it lasted, so the
-  program went on through it (``survived``) rather than waiting for it to end.
+* ``progressed``: every surviving rank it did not strike printed a figure in the second half of it (a
+  line or two printed just after it began does not count), so the program went on through it
+  (``survived``) rather than waiting for it to end.
 
 A phase is a fault when its links differ from the run's first state (a loss or delay phase); the
 phase that puts the links back only ends the one before. Records are on the trace's clock (from the
@@ -115,9 +116,11 @@ def fault_events(trace: RunTrace) -> tuple[FaultEvent, ...]:
             firsts = [next((t for t in times.get(rank, []) if t > end), None) for rank in alive]
             if alive and all(f is not None for f in firsts):
                 recovered = round(max(f for f in firsts if f is not None) - end, 3)
-        others = [rank for rank in alive if rank not in struck]
+        others = [rank for rank in alive if trace.node_of(rank) not in struck]  # churn strikes nodes
+        last = max((t for ts in times.values() for t in ts), default=at)
+        half = at + ((end if end is not None else last) - at) / 2  # the fault's second half
         until = end if end is not None else float("inf")
-        progressed = bool(others) and all(any(at < t < until for t in times.get(rank, [])) for rank in others)
+        progressed = bool(others) and all(any(half < t < until for t in times.get(rank, [])) for rank in others)
         out.append(FaultEvent(event["kind"], tuple(event["nodes"]), round(at, 3),
                               None if end is None else round(end, 3), recovered, progressed, event["label"]))
     return tuple(out)

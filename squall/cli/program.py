@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from squall.checks.recovery import describe
 from squall.checks.verdict import Verdict
 from squall.cluster.preflight import preflight
 from squall.cluster.spec import LOCAL, MAX_WORKERS, default_engine, select_engine
@@ -49,7 +50,8 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
         raise ValueError("a program runs on the local engine only for now (--engine local)")
     spec = program_from_args(command, metrics=args.metric or (), target=args.target, workdir=args.workdir,
                              requirements=args.requirements, pip=args.pip or (), name=args.name,
-                             exclude=args.exclude or ())
+                             nproc_per_node=args.nproc_per_node,
+                             exclude=args.exclude or (), agree=args.agree or ())
     profile = load_profile(args.profile)  # a bad profile or size is a usage error before anything starts
     if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
         raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
@@ -68,13 +70,14 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
             # a requirement that cannot be installed fails here, before any container starts
             cells.images[spec.requirements] = program_image(spec)
             run = cells.run_program(spec, args.profile, args.workers, seconds=seconds, seed=args.seed,
-                                    logs=report_dir / "ranks")
+                                    logs=report_dir / "ranks", hang_after=args.hang_after)
     finally:
         display.close()
     trace = run.trace
     verdict = judge(trace, run.runs, target=spec.target, metric_names=spec.metric_names)
     meta: dict[str, Any] = {"command": " ".join(["squall", *sys.argv[1:]]), "shaping backend": trace.backend,
-                            "duration_s": round(time.monotonic() - t0, 1), "run": {"seconds": seconds},
+                            "duration_s": round(time.monotonic() - t0, 1),
+                            "run": {"seconds": seconds, "hang_after": args.hang_after},
                             "provenance": provenance.finish(before),
                             "profiles": describe_profiles([(args.profile, args.workers)])}
     if spec.target is not None:
@@ -102,17 +105,27 @@ def summary(cid: str, trace: RunTrace, verdict: Verdict, target: Target | None, 
     for r in res["ranks"]:
         again = f", restarted {r['restarts']}x" if r["restarts"] else ""
         lines.append(f"  rank {r['rank']}  {r['state']:<8} exit {r['exit_code']}{again}  sent "
-                     f"{_mb(res['bytes_sent'][r['rank']])}  logs {r['logs']}")
+                     f"{_mb(res['bytes_sent'][r['rank'] // res['nproc_per_node']])}  logs {r['logs']}")
     if target is not None:
         ttt = res["time_to_target_s"]
         lines.append(f"  time to target  {target.describe()}: " + ("not reached" if ttt is None else f"{ttt:.1f} s"))
     for name, points in res["metrics"].items():
-        last: dict[int, float] = {}
+        last: dict[int, float | str] = {}
         for p in points:
             last[p["rank"]] = p["value"]
-        shown = ", ".join(f"{v:.4g}" for _, v in sorted(last.items())) or "never read"
+        shown = ", ".join(str(v) if isinstance(v, str) else f"{v:.4g}" for _, v in sorted(last.items())) or "never read"
         lines.append(f"  {name:<15} last per rank: {shown}")
     lines.append(f"  bytes sent      {_mb(sum(res['bytes_sent']))} in all (kernel counters, IP bytes)")
+    if res["nproc_per_node"] > 1:  # each rank's "sent" above is its node's
+        for n in res["nodes"]:
+            inside = "not read" if n["inside"] is None else _mb(n["inside"])
+            lines.append(f"  node {n['node']} (ranks {', '.join(map(str, n['ranks']))}): sent {_mb(n['sent'])} to "
+                         f"other nodes, {inside} inside (loopback)")
+    for r in res["ranks"]:
+        if r.get("blocked_in"):
+            lines.append(f"  rank {r['rank']} blocked in {r['blocked_in']}  (stack: {r.get('stack_file') or '-'})")
+    for fault in describe(trace.meta.faults):
+        lines.append(f"  fault           {fault}")
     lines.append(f"  {verdict.line()}")
     lines.append(f"  ({total_s:.1f} s in all, {trace.meta.startup_s} s before the first figure)")
     return "\n".join(lines)

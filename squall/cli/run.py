@@ -92,7 +92,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_program(args, command)
     program_only = [f for f, v in (("--metric", args.metric), ("--workdir", args.workdir),
                                    ("--requirements", args.requirements), ("--pip", args.pip), ("--name", args.name),
-                                   ("--exclude", args.exclude))
+                                   ("--exclude", args.exclude), ("--nproc-per-node", args.nproc_per_node != 1))
                     if v]
     if program_only:
         raise ValueError(f"{', '.join(program_only)}: only for a command (squall run ... -- COMMAND)")
@@ -290,6 +290,9 @@ def add_subparser(sub: Any) -> None:
                           "(link changes and churn at their recorded times)")
     run.add_argument("--cell", help="with --replay: which recorded run (default: the first)")
     run.add_argument("--workers", type=int, default=4)
+    run.add_argument("--nproc-per-node", type=int, default=1, metavar="K",
+                     help="a command: K ranks in each worker container, as torchrun's --nproc-per-node (RANK = "
+                          "node * K + local; the ranks of one container talk over its loopback, unshaped)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--seconds", type=float, default=None,
                      help="time budget: a protocol's training (default 20), a command's hard budget (default 60)")

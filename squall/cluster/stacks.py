@@ -107,6 +107,7 @@ class HostProcess:
     ns_pid: int  # its PID inside the container's namespace
     uid: int  # real uid
     command: str  # its command line, spaces between the words
+    local_rank: int | None = None  # its LOCAL_RANK (a program's rank when a node runs several); None: unset
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -136,16 +137,33 @@ def container_processes(init_pid: int) -> list[HostProcess]:
             continue
         found.append(HostProcess(int(entry.name), int(status.get("PPid", "0")),
                                  int(status.get("NSpid", entry.name).split()[-1]),
-                                 int(status.get("Uid", "0").split()[0]), command))
+                                 int(status.get("Uid", "0").split()[0]), command, _local_rank(entry)))
     return sorted(found, key=lambda p: p.pid)
 
 
-def rank_pid(processes: Sequence[HostProcess], init_pid: int, depth: int) -> int | None:
+def _local_rank(entry: Path) -> int | None:
+    """The ``LOCAL_RANK`` in a process's environment (None: unset, or not ours to read)."""
+    try:
+        env = (entry / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"LOCAL_RANK="):
+            value = item.partition(b"=")[2]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def rank_pid(processes: Sequence[HostProcess], init_pid: int, depth: int, *,
+             local_rank: int | None = None) -> int | None:
     """The host PID ``depth`` levels below the container's agent (1: a job, 2: a job's child, the program),
-    the oldest at each level; None when there is none (the rank ended, or the container is down)."""
+    the oldest at each level (at the last, the one whose ``LOCAL_RANK`` is ``local_rank`` when it is given:
+    a node running several ranks of a program starts them all as the job's children); None when there is
+    none (the rank ended, or the container is down)."""
     level = [p.pid for p in processes if p.ppid == init_pid]  # the agent
-    for _ in range(depth):
-        children = sorted(p.pid for p in processes if p.ppid in level)
+    for k in range(depth):
+        last = k == depth - 1 and local_rank is not None
+        children = sorted(p.pid for p in processes if p.ppid in level and (not last or p.local_rank == local_rank))
         if not children:
             return None
         level = children[:1]
@@ -178,13 +196,13 @@ class StackResult:
     pid: int | None  # the host PID dumped
 
 
-def dump_stack(init_pid: int, depth: int, *, subprocesses: bool = True) -> StackResult:
+def dump_stack(init_pid: int, depth: int, *, subprocesses: bool = True, local_rank: int | None = None) -> StackResult:
     """py-spy's dump of the rank below the container's agent (see :func:`rank_pid`); never raises."""
     binary, why = py_spy_binary()
     if binary is None:
         return StackResult("", why, None)
     try:
-        pid = rank_pid(container_processes(init_pid), init_pid, depth)
+        pid = rank_pid(container_processes(init_pid), init_pid, depth, local_rank=local_rank)
     except OSError as exc:
         return StackResult("", str(exc), None)
     if pid is None:

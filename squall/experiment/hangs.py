@@ -5,7 +5,8 @@ workload names, stdout and stderr of a program's ranks or a protocol's metrics, 
 modification times) **and** the links carried no more than a trickle (:data:`TRICKLE_BPS` summed over
 every directed link, from the kernel counters the driver reads each second: heartbeats and TCP
 keep-alives are a trickle, an evaluation that still exchanges tensors is not). When both have held for
-``after_s`` seconds, :class:`HangWatch` takes every running rank's Python stack (py-spy from the host,
+``after_s`` seconds (and at least :data:`START_GRACE_S` before any rank printed its first line: imports
+and rendezvous are quiet), :class:`HangWatch` takes every running rank's Python stack (py-spy from the host,
 :mod:`squall.cluster.stacks`), then has the workload stop its ranks, and records a
 :class:`~squall.run_meta.Hang`: since when nothing moved, which rank printed last, when it stopped.
 
@@ -30,16 +31,18 @@ from squall.run_meta import Hang, RankStack
 logger = logging.getLogger(__name__)
 
 TRICKLE_BPS = 1000.0  # bytes per second over all links that still count as no traffic
-DEFAULT_AFTER_S = 120.0  # the default --hang-after (or the budget when shorter): a slow evaluation does not trip it
+DEFAULT_AFTER_S = 120.0  # the default --hang-after: a slow evaluation does not trip it
 POLL_S = 0.5  # seconds between two looks at the files and the counters
+START_GRACE_S = 60.0  # before any rank printed its first line (imports, rendezvous) the quiet must last this long too
 BUDGET_DUMP_BEFORE_S = 2.0  # a program's ranks still running this long before the budget are dumped
 BUDGET_LATE_S = 5.0  # a protocol's nodes still running this long after the budget (they stop by themselves) too
 STACK_FILE = "stack.txt"  # a rank's dump, in its results folder
 
 
-def default_after(budget_s: float) -> float:
-    """The hang threshold when none is given: :data:`DEFAULT_AFTER_S`, or the budget when shorter."""
-    return min(DEFAULT_AFTER_S, budget_s)
+def default_after(budget_s: float) -> float | None:
+    """The hang threshold when none is given: :data:`DEFAULT_AFTER_S`; None (the budget decides, the stacks
+    of the ranks still running are taken before it ends) for a run whose budget is not longer."""
+    return DEFAULT_AFTER_S if budget_s > DEFAULT_AFTER_S else None
 
 
 def quiet_since(start: float, line_walls: Sequence[float], samples: Sequence[tuple[float, int]],
@@ -58,15 +61,17 @@ def quiet_since(start: float, line_walls: Sequence[float], samples: Sequence[tup
 class Running:
     """A rank running now, as the workload tells the watcher."""
 
-    rank: int  # the rank (= node index)
+    rank: int  # the rank (= node index, or its global rank when a node runs several)
     restart: int  # which run of it
     folder: Path | None  # where its stack file goes (None: kept in the results only)
+    node: int | None = None  # the node it runs on when that is not ``rank`` (several ranks per node)
+    local: int | None = None  # its local rank when its node runs several (its process is found by LOCAL_RANK)
 
 
 class HangWatch:
     """Watches a run for ``after_s`` seconds without progress (see the module docstring), in a thread."""
 
-    def __init__(self, *, after_s: float, start_wall: float, lines: Callable[[], Sequence[tuple[int, Path]]],
+    def __init__(self, *, after_s: float | None, start_wall: float, lines: Callable[[], Sequence[tuple[int, Path]]],
                  bytes_seen: Callable[[], Sequence[tuple[float, int]]], running: Callable[[], Sequence[Running]],
                  pid_of: Callable[[int], int], depth: int, stop: Callable[[], None],
                  budget_dump_at_s: float | None = None, trickle_bps: float = TRICKLE_BPS) -> None:
@@ -122,12 +127,13 @@ class HangWatch:
             except Exception as exc:  # a look that failed is a gap, never a verdict
                 logger.debug("hang watch: %s", exc)
                 continue
-            if now - since >= self.after_s:
+            after = self.after_s if self.after_s is None or last is not None else max(self.after_s, START_GRACE_S)
+            if after is not None and now - since >= after:
                 logger.warning("no line and under %g B/s on the links for %.1f s: the run is hung; taking every "
                                "rank's stack", self.trickle_bps, now - since)
                 self.stacks += self.dump("hung")
                 self.stop()
-                self.hang = Hang(self.after_s, self.trickle_bps, round(since - self.start_wall, 3),
+                self.hang = Hang(after, self.trickle_bps, round(since - self.start_wall, 3),
                                  round(time.time() - self.start_wall, 3),
                                  None if last is None else round(last - self.start_wall, 3), rank)
                 return
@@ -143,11 +149,11 @@ class HangWatch:
 
         def one(k: int, run: Running) -> None:
             try:
-                pid = self.pid_of(run.rank)
+                pid = self.pid_of(run.rank if run.node is None else run.node)
             except Exception as exc:
                 out[k] = RankStack(run.rank, run.restart, why, 0.0, "", 0, "", "", f"no container: {exc}")
                 return
-            got = dump_stack(pid, self.depth)
+            got = dump_stack(pid, self.depth, local_rank=run.local)
             taken = round(time.time() - self.start_wall, 3)
             parsed = parse_dump(got.text)
             path = ""

@@ -3,16 +3,21 @@
 :func:`run_program` runs a :class:`~squall.programs.spec.ProgramSpec` on a started
 :class:`~squall.experiment.lab.Lab` whose containers mount the program's folder (``Lab(workdir=...)``):
 
-* starts the ``command`` job (:mod:`squall.worker.command`) on every node, one job per rank, each
-  with torchrun's environment;
+* starts the ``command`` job (:mod:`squall.worker.command`) on every node, one job per node running
+  ``nproc_per_node`` ranks (:mod:`squall.worker.local_ranks`; one unless the spec says more), each with
+  torchrun's environment; a node's K ranks become K runs, global ranks ``node * K + local``
+  (:mod:`squall.programs.node_runs`);
 * waits for the ranks; the first rank that *fails* (a non-zero exit) has the others stopped at
   once (:class:`_Supervisor`; they are cancelled through their agents, well under 2 s);
 * the driver (:mod:`squall.experiment.driver`) shapes the links and applies the profile's timeline,
   as for a protocol; a node that churn killed is restarted by the timeline and its
   command started again with the same rank and environment, ``TORCHELASTIC_RESTART_COUNT`` one
   higher and what is left of the budget (as torchelastic would restart it);
-* each figure record gets the bytes its rank had sent when the line was read (the driver's readings
-  of the kernel's per-link counters), so bytes to target work as for a protocol;
+* each figure record gets the bytes its rank's node had sent to other nodes when the line was read (the
+  driver's readings of the kernel's per-link counters; the ranks of one node share their node's count,
+  since their traffic to one another stays inside the container), so bytes to target work as for a
+  protocol; each node's loopback bytes (its ranks' traffic to one another) are read at the start, before
+  churn kills it and at the end (:mod:`squall.cluster.netdev`);
 * copies each rank's ``stdout.txt``, ``stderr.txt``, ``program.json`` and ``out/`` into ``logs``
   (``rank<r>`` or ``rank<r>-restart<k>``) before the containers go away.
 
@@ -36,12 +41,14 @@ from typing import Any
 
 from squall.cluster.backend import ClusterBackend
 from squall.cluster.cluster import JobHandle
+from squall.cluster.netdev import LoopbackMeter, loopback_reader
 from squall.cluster.jobs import JobResult
 from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
 from squall.experiment.hangs import BUDGET_DUMP_BEFORE_S, Running
 from squall.experiment.lab import Lab
 from squall.experiment.timeline import Action
+from squall.programs.node_runs import split_node_run
 from squall.programs.spec import ProgramSpec
 from squall.programs.verdict import RankRun
 from squall.run_meta import ProgramMeta, RunMeta
@@ -54,6 +61,7 @@ COMMAND_JOB = "command"  # squall.worker.registry's name of the command runner
 GRACE_S = 30.0  # the host's deadline past the budget (the runner itself stops the program at its budget)
 MIN_LEFT_S = 1.0  # the least budget a restarted rank is given
 LOG_FILES = ("stdout.txt", "stderr.txt", "program.json", "metrics.jsonl")
+LOCAL_DIR = "local{}"  # a local rank's folder in a node's job folder (squall.worker.local_ranks.LOCAL_DIR)
 
 
 @dataclass(frozen=True)
@@ -76,9 +84,10 @@ class _Supervisor:
         self.seed = seed
         self.seconds = seconds
         self.logs = logs
+        self.nproc = int(config.get("nproc_per_node", 1))  # ranks per node
         self.start_time = time.monotonic()
         self.runs: list[RankRun] = []
-        self.records: dict[int, list[list[dict[str, Any]]]] = {}  # rank -> each run's metrics records
+        self.records: dict[int, list[list[dict[str, Any]]]] = {}  # node -> each run's records (local_rank: K > 1)
         self.current: dict[int, tuple[int, JobHandle]] = {}  # rank -> (restart number, handle) running now
         self.killed: set[tuple[int, int]] = set()  # (rank, restart) runs churn killed: their loss is no failure
         self.stopping = False  # a rank failed: the others are being stopped, no restart any more
@@ -142,13 +151,14 @@ class _Supervisor:
                     rank, restart, result = self._done.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                run = self._classify(rank, restart, result)
+                runs = self._classify(rank, restart, result)
                 with self._lock:
-                    self.runs.append(run)
+                    self.runs.extend(runs)
                     if self.current.get(rank, (None,))[0] == restart:
                         del self.current[rank]
-                logger.info("%s", run.describe())
-                if run.failed and not self.stopping:
+                for run in runs:
+                    logger.info("%s", run.describe())
+                if any(run.failed for run in runs) and not self.stopping:
                     self.failed_at = time.monotonic()
                     t0 = time.monotonic()
                     self.stop_all(but=rank)
@@ -157,7 +167,27 @@ class _Supervisor:
             self.stop_all()  # interrupted (Ctrl-C): no rank keeps running
             raise
 
-    def _classify(self, rank: int, restart: int, result: JobResult | BaseException) -> RankRun:
+    def _classify(self, node: int, restart: int, result: JobResult | BaseException) -> tuple[RankRun, ...]:
+        """The runs of ``node``'s ranks that just ended: one, or each local rank's (their records tagged)."""
+        run = self._classify_node(node, restart, result)
+        if self.nproc == 1:
+            return (run,)
+        out_dir = None if isinstance(result, BaseException) else result.out_dir
+        rows: list[dict[str, Any]] = []
+        lives: list[dict[str, Any]] = []
+        for local in range(self.nproc):
+            folder = out_dir / LOCAL_DIR.format(local) if out_dir is not None else None
+            if folder is None or not folder.is_dir():
+                continue
+            rows.append(_program_json(folder))
+            if (folder / "metrics.jsonl").exists():
+                lives += [{**rec, "local_rank": local} for rec in load_jsonl(folder / "metrics.jsonl")]
+        if out_dir is not None:
+            self.records[node][restart] = sorted(lives, key=lambda rec: float(rec.get("wall", 0.0)))
+        logs = [str(self.folder(node * self.nproc + local, restart)) for local in range(self.nproc)]
+        return split_node_run(run, self.nproc, rows, logs)
+
+    def _classify_node(self, rank: int, restart: int, result: JobResult | BaseException) -> RankRun:
         ended = round(time.monotonic() - self.start_time, 3)
         if isinstance(result, BaseException):
             return RankRun(rank, restart, "lost", None, None, (f"{type(result).__name__}: {result}",), "", ended)
@@ -186,8 +216,16 @@ class _Supervisor:
         return self.logs / (f"rank{rank}" if restart == 0 else f"rank{rank}-restart{restart}")
 
     def _keep(self, rank: int, restart: int, out_dir: Path) -> str:
-        """Copy the run's files out of the cluster's directory (removed at teardown); the copy's folder."""
-        dest = self.folder(rank, restart)
+        """Copy the run's files out of the cluster's directory (removed at teardown); the copy's folder (with
+        several ranks per node, ``rank`` is the node and each local rank's files go to its global rank's)."""
+        if self.nproc > 1:
+            for local in range(self.nproc):
+                self._copy(out_dir / LOCAL_DIR.format(local), self.folder(rank * self.nproc + local, restart))
+            return ""
+        return self._copy(out_dir, self.folder(rank, restart))
+
+    @staticmethod
+    def _copy(out_dir: Path, dest: Path) -> str:
         dest.mkdir(parents=True, exist_ok=True)
         for name in LOG_FILES:
             with contextlib.suppress(OSError):
@@ -223,7 +261,8 @@ def program_image(program: ProgramSpec) -> str | None:
 
 
 class ProgramWorkload:
-    """A user's program, one rank per node, for :func:`~squall.experiment.driver.drive` (see the module)."""
+    """A user's program, ``nproc_per_node`` ranks per node, for :func:`~squall.experiment.driver.drive` (see the
+    module)."""
 
     depth = 2  # the program is the child of the command job (its runner)
 
@@ -240,22 +279,45 @@ class ProgramWorkload:
         self.logs = logs
         self.supervisor: _Supervisor | None = None
         self.runs: tuple[RankRun, ...] = ()  # every rank's runs, once ended
+        self.nproc = int(self.config.get("nproc_per_node", 1))  # ranks per node
+        self.loopback: LoopbackMeter | None = None  # each node's traffic inside it (None: the engine cannot say)
 
     def begin(self, cluster: ClusterBackend, start: float) -> list[Path]:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.supervisor = _Supervisor(cluster, self.config, seed=self.seed, seconds=self.seconds, logs=self.logs)
         self.supervisor.start_time = start
+        read = loopback_reader(cluster)
+        if read is not None:
+            self.loopback = LoopbackMeter(read, len(cluster.nodes))
+            self.loopback.start()
         for rank in range(len(cluster.nodes)):
             self.supervisor.start(rank)
-        return [cluster.nodes[r].run_dir / "jobs" / h.job_id / "metrics.jsonl"
-                for r, (_, h) in sorted(self.supervisor.current.items())]
+        return [path for _, path in self._files(("metrics.jsonl",))]
+
+    def _files(self, names: tuple[str, ...]) -> list[tuple[int, Path]]:
+        """(rank, file) of each running rank's files ``names`` in its node's job folder (a local rank's own
+        folder there when the node runs several)."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return []
+        with supervisor._lock:
+            current = sorted((node, handle.job_id) for node, (_, handle) in supervisor.current.items())
+        nodes, k = supervisor.cluster.nodes, self.nproc
+        if k == 1:
+            return [(node, nodes[node].run_dir / "jobs" / job / name) for node, job in current for name in names]
+        return [(node * k + local, nodes[node].run_dir / "jobs" / job / LOCAL_DIR.format(local) / name)
+                for node, job in current for local in range(k) for name in names]
 
     def before(self, action: Action) -> None:
         if action.kind == "kill" and self.supervisor is not None:
             for node in action.nodes:
                 self.supervisor.kill(node)
+                if self.loopback is not None:
+                    self.loopback.before_kill(node)
 
     def restarted(self, node: int) -> None:
+        if self.loopback is not None:
+            self.loopback.restarted(node)
         if self.supervisor is not None:
             self.supervisor.start(node)
 
@@ -265,14 +327,7 @@ class ProgramWorkload:
 
     def lines(self) -> list[tuple[int, Path]]:
         """Each running rank's stdout and stderr files (in the node's job folder)."""
-        supervisor = self.supervisor
-        if supervisor is None:
-            return []
-        with supervisor._lock:
-            current = [(rank, handle.job_id) for rank, (_, handle) in supervisor.current.items()]
-        nodes = supervisor.cluster.nodes
-        return [(rank, nodes[rank].run_dir / "jobs" / job / name) for rank, job in current
-                for name in ("stdout.txt", "stderr.txt")]
+        return self._files(("stdout.txt", "stderr.txt"))
 
     def running(self) -> list[Running]:
         supervisor = self.supervisor
@@ -280,7 +335,11 @@ class ProgramWorkload:
             return []
         with supervisor._lock:
             current = [(rank, restart) for rank, (restart, _) in supervisor.current.items()]
-        return [Running(rank, restart, supervisor.folder(rank, restart)) for rank, restart in sorted(current)]
+        k = self.nproc
+        if k == 1:
+            return [Running(rank, restart, supervisor.folder(rank, restart)) for rank, restart in sorted(current)]
+        return [Running(node * k + local, restart, supervisor.folder(node * k + local, restart), node=node, local=local)
+                for node, restart in sorted(current) for local in range(k)]
 
     def stop(self) -> None:
         if self.supervisor is not None:
@@ -288,18 +347,21 @@ class ProgramWorkload:
             self.supervisor.stop_all()
 
     def end(self, counters: CounterSampler) -> Ended:
-        """Each rank's figures with the kernel's bytes its rank had sent when the line was read."""
+        """Each rank's figures with the kernel's bytes its node had sent when the line was read."""
         supervisor = self.supervisor
         assert supervisor is not None, "end() before begin()"
-        n = len(supervisor.cluster.nodes)
+        n, k = len(supervisor.cluster.nodes), self.nproc
         runs = tuple(sorted(supervisor.runs, key=lambda r: (r.rank, r.restart)))
-        per_rank: list[list[dict[str, Any]]] = []
-        for rank in range(n):
-            sent_at = counters.sent_at(rank)
-            records = [rec for life in supervisor.records.get(rank, []) for rec in life]
-            per_rank.append([{**rec, "bytes_sent": sent_at(float(rec.get("wall", 0.0)))} for rec in records])
+        per_rank: list[list[dict[str, Any]]] = [[] for _ in range(n * k)]
+        for node in range(n):
+            sent_at = counters.sent_at(node)
+            for life in supervisor.records.get(node, []):
+                for rec in life:
+                    local = int(rec.get("local_rank", 0)) if k > 1 else 0
+                    row = {key: v for key, v in rec.items() if key != "local_rank"}
+                    per_rank[node * k + local].append({**row, "bytes_sent": sent_at(float(rec.get("wall", 0.0)))})
         last = {r.rank: r for r in runs}
-        survivors = [r for r in range(n) if r in last and last[r].state not in ("killed", "lost")]
+        survivors = [r for r in range(n * k) if r in last and last[r].state not in ("killed", "lost")]
         start_wall = counters.samples[0][0]
         samples = tuple((round(w - start_wall, 3), tuple(c.sent(r) for r in range(n))) for w, c in counters.samples)
         program = ProgramMeta(spec=self.program.to_json(), runs=runs, samples=samples,
@@ -307,12 +369,14 @@ class ProgramWorkload:
                               stopped_after_failure_s=None if supervisor.failed_at is None
                               else round(supervisor.failed_at - supervisor.start_time, 3),
                               counter_errors=tuple(counters.errors[:5]))
-        meta = RunMeta(program=program, bytes_source="kernel (the shaping backend's per-link counters)")
+        loopback = self.loopback.finish() if self.loopback is not None else ()
+        meta = RunMeta(program=program, bytes_source="kernel (the shaping backend's per-link counters)",
+                       nproc_per_node=k, loopback=loopback)
         self.runs = runs
-        finished = tuple(r for r in range(n) if r in last and last[r].state == "exited" and last[r].exit_code == 0)
-        at_budget = tuple(r for r in range(n) if r in last and last[r].state == "budget")
+        finished = tuple(r for r in range(n * k) if r in last and last[r].state == "exited" and last[r].exit_code == 0)
+        at_budget = tuple(r for r in range(n * k) if r in last and last[r].state == "budget")
         return Ended(per_worker=per_rank, survivors=survivors, failures=[r.describe() for r in runs if r.failed],
-                     rejoined=sorted({r.rank for r in runs if r.restart}), meta=meta, finished=finished,
+                     rejoined=sorted({r.rank // k for r in runs if r.restart}), meta=meta, finished=finished,
                      at_budget=at_budget)
 
 
@@ -329,6 +393,7 @@ def run_program(lab: Lab, program: ProgramSpec, profile_name: str, *, seconds: f
     cell = dataclasses.replace(lab.cell(profile_name, seconds=seconds, seed=seed, replay=replay),
                                hang_after_s=hang_after, agree=program.agree)
     config = {"argv": list(program.argv), "workdir": mount, "master_port": lab.next_port(),
+              "nproc_per_node": program.nproc_per_node,
               "metrics": {p.name: p.regex for p in program.metrics},
               "texts": [a.name for a in program.agree if a.name in program.metric_names],
               "env": {**dict(program.env), "SQUALL_SEED": str(seed)}}

@@ -5,6 +5,12 @@ figures read from stdout and ``squall.log``; each record's ``bytes_sent`` is the
 at that moment), so the report's tables and plots work as for a protocol. What only a program has
 lives in ``trace.meta.program`` (:class:`~squall.run_meta.ProgramMeta`): the command, every rank's runs
 and where each rank's logs are; every cell's link-by-link byte matrix is in ``trace.meta.links``.
+
+Several ranks per node (``nproc_per_node`` K): the trace's workers and every record's ``worker`` are
+global ranks (``node * K + local``); a record's ``bytes_sent`` is its node's count, shared by its K
+ranks (the kernel counts a node's links, and its ranks' traffic to one another stays inside it).
+``--json``'s ``workers`` is the number of nodes, ``bytes_sent``/``bytes_received`` are per node, and
+``nodes`` lists each node's ranks and bytes, its loopback (``inside``) too.
 """
 
 from __future__ import annotations
@@ -17,11 +23,22 @@ from typing import Any
 from squall.checks.convergence import bytes_to_target, rank_time_to_target, time_to_target
 from squall.checks.verdict import Verdict
 from squall.programs.verdict import RankRun, last_runs
+from squall.run_meta import Agreement, FaultEvent, Hang, NodeBytes, RankStack
 from squall.run_trace import RunTrace
 from squall.target import Target
 
 VERDICTS = {True: "pass", False: "fail", None: "unknown"}
 LINK_FIELDS = ("src", "dst", "bytes", "packets", "dropped")
+FAULT_FIELDS = ("kind", "nodes", "at_s", "end_s", "recovered_after_s")
+
+
+def _stack_json(trace: RunTrace, rank: int) -> dict[str, Any]:
+    """A rank entry's stack keys: the dump's text, where the main thread was blocked, its file, or why none."""
+    stack = trace.meta.stack(rank)
+    if stack is None:
+        return {"stack": None}
+    return {"stack": stack.text or None, "blocked_in": stack.blocked_in, "stack_file": stack.path or None,
+            "stack_taken": stack.why, **({"stack_error": stack.error} if stack.error else {})}
 
 
 def metric_series(trace: RunTrace, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
@@ -29,7 +46,7 @@ def metric_series(trace: RunTrace, names: Sequence[str]) -> dict[str, list[dict[
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rec in trace.records:
         for name in names:
-            value = rec.figure(name)
+            value = rec.value(name)
             if value is not None:
                 out[name].append({"rank": rec.worker, "t": round(rec.t, 3), "value": value, "step": rec.step})
     return out
@@ -39,8 +56,8 @@ def figure_names(trace: RunTrace, patterns: Sequence[str]) -> list[str]:
     """The figures a run reported: the patterns' names, then every other named or extra figure of its records."""
     names = list(patterns)
     for rec in trace.records:
-        for name in ("loss", "eval_loss", "accuracy", *rec.extra):
-            if name not in names and rec.figure(name) is not None and name not in ("elapsed_s",):
+        for name in ("loss", "eval_loss", "accuracy", *rec.extra, *rec.texts):
+            if name not in names and rec.value(name) is not None and name not in ("elapsed_s",):
                 names.append(name)
     return names
 
@@ -61,11 +78,18 @@ def result_json(trace: RunTrace, verdict: Verdict, *, target: Target | None,
         "program": spec or None,
         "profile": trace.profile,
         "backend": trace.backend,
-        "workers": trace.workers,
+        "workers": trace.nodes,
+        "nproc_per_node": trace.meta.nproc_per_node,
+        "hung": trace.meta.hang is not None,
+        "hang": trace.meta.hang.to_json() if trace.meta.hang is not None else None,
         "ranks": [{"rank": r, "exit_code": run.exit_code, "state": run.state, "restarts": restarts[r],
-                   "logs": run.logs} for r, run in sorted(last.items())],
-        "bytes_sent": trace.meta.sent(trace.workers),
-        "bytes_received": trace.meta.received(trace.workers),
+                   "logs": run.logs, **_stack_json(trace, r)} for r, run in sorted(last.items())],
+        "faults": [{k: v for k, v in f.to_json().items() if k in FAULT_FIELDS} | {"outcome": f.outcome}
+                   for f in trace.meta.faults],
+        "agreement": [a.to_json() for a in trace.meta.agreement],
+        "bytes_sent": trace.meta.sent(trace.nodes),
+        "bytes_received": trace.meta.received(trace.nodes),
+        "nodes": [n.to_json() for n in trace.meta.node_bytes(trace.nodes)],
         "links": [dict(zip(LINK_FIELDS, link.to_json(), strict=True)) for link in trace.meta.links],
         "metrics": metric_series(trace, figure_names(trace, patterns)),
         "target": str(target) if target is not None else None,
@@ -94,6 +118,36 @@ class ProgramResult:
         return result_json(self.trace, self.verdict, target=self.target)
 
     @property
+    def hung(self) -> bool:
+        """Whether the run was stopped as hung (--hang-after)."""
+        return self.trace.meta.hang is not None
+
+    @property
+    def hang(self) -> Hang | None:
+        """Since when nothing moved, which rank printed last, when it was stopped (None: not hung)."""
+        return self.trace.meta.hang
+
+    @property
+    def stacks(self) -> dict[int, RankStack]:
+        """Each rank's last stack taken (at a hang, or still running at the budget), by rank."""
+        return {s.rank: s for s in self.trace.meta.stacks}
+
+    def stack(self, rank: int) -> str:
+        """The text of ``rank``'s last stack dump ("" when none was taken)."""
+        found = self.trace.meta.stack(rank)
+        return found.text if found is not None else ""
+
+    @property
+    def agreement(self) -> tuple[Agreement, ...]:
+        """Each ``agree`` figure's outcome (which ranks were odd, their values)."""
+        return self.trace.meta.agreement
+
+    @property
+    def faults(self) -> tuple[FaultEvent, ...]:
+        """Every fault the run went through, with when the ranks made progress again."""
+        return self.trace.meta.faults
+
+    @property
     def metrics(self) -> dict[str, list[dict[str, Any]]]:
         """For each figure, every ``{rank, t, value, step}``."""
         return dict(self.json["metrics"])
@@ -104,8 +158,14 @@ class ProgramResult:
 
     @property
     def bytes_sent(self) -> list[int]:
-        """Bytes each rank sent over the whole run, counted in the kernel."""
-        return self.trace.meta.sent(self.trace.workers)
+        """Bytes each node sent to the other nodes over the whole run, counted in the kernel (one entry per
+        container: per rank with one rank per node)."""
+        return self.trace.meta.sent(self.trace.nodes)
+
+    @property
+    def nodes(self) -> tuple[NodeBytes, ...]:
+        """Each node's ranks, its bytes to and from the other nodes, and the bytes its loopback carried."""
+        return self.trace.meta.node_bytes(self.trace.nodes)
 
     @property
     def links(self) -> list[tuple[int, int, int, int, int]]:

@@ -19,7 +19,9 @@ from squall.programs.lines import LineError, MetricPattern, parse_patterns
 from squall.target import Target, TargetError
 
 #: Keys of a ``programs:`` entry (and of the marker's program arguments).
-KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env", "exclude", "agree")
+KEYS = ("name", "command", "metrics", "target", "requirements", "pip", "workdir", "env", "exclude", "agree",
+        "nproc_per_node")
+MAX_NPROC = 64  # ranks per node, at most (squall.worker.local_ranks.MAX_NPROC)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Environment a program may not set: the runner's own (torchrun's and Squall's).
@@ -35,7 +37,7 @@ class ProgramError(ValueError):
 
 @dataclass(frozen=True)
 class ProgramSpec:
-    """A user's command, run as one rank per worker container."""
+    """A user's command, run as ``nproc_per_node`` ranks in each worker container (one by default)."""
 
     argv: tuple[str, ...]  # the command and its arguments
     name: str  # how reports and test ids call it
@@ -47,6 +49,10 @@ class ProgramSpec:
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment of every rank
     excludes: tuple[str, ...] = ()  # glob patterns of files the folder's snapshot leaves out (programs.snapshot)
     agree: tuple[Agree, ...] = ()  # figures every rank that finished must end with (--agree)
+    nproc_per_node: int = 1  # ranks in each container, as torchrun's --nproc-per-node (global rank node * K + local)
+
+    def __post_init__(self) -> None:
+        check_nproc(self.nproc_per_node, "nproc_per_node")
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -58,7 +64,15 @@ class ProgramSpec:
         return {"name": self.name, "command": list(self.argv), "workdir": self.workdir,
                 "metrics": {p.name: p.regex for p in self.metrics},
                 "target": str(self.target) if self.target else None, "requirements": list(self.requirements),
-                "env": dict(self.env), "exclude": list(self.excludes), "agree": [str(a) for a in self.agree]}
+                "env": dict(self.env), "exclude": list(self.excludes), "agree": [str(a) for a in self.agree],
+                "nproc_per_node": self.nproc_per_node}
+
+
+def check_nproc(value: Any, flag: str) -> int:
+    """``--nproc-per-node`` (or the key): an integer in 1..:data:`MAX_NPROC`; :class:`ProgramError` naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NPROC:
+        raise ProgramError(f"{flag}: ranks per node must be an integer in 1..{MAX_NPROC}, got {value!r}")
+    return value
 
 
 def default_name(argv: Sequence[str]) -> str:
@@ -172,7 +186,7 @@ def _check_name(name: str, flag: str) -> str:
 def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), target: str | None = None,
                       workdir: str | None = None, requirements: str | None = None, pip: Sequence[str] = (),
                       name: str | None = None, cwd: Path | None = None, exclude: Sequence[str] = (),
-                      agree: Sequence[str] = ()) -> ProgramSpec:
+                      agree: Sequence[str] = (), nproc_per_node: int = 1) -> ProgramSpec:
     """The program of ``squall run ... -- COMMAND`` (errors name the flag)."""
     base = cwd or Path(os.getcwd())
     argv = _argv(list(command), "the command after --")
@@ -189,7 +203,8 @@ def program_from_args(command: Sequence[str], *, metrics: Sequence[str] = (), ta
     return ProgramSpec(argv=argv, name=_check_name(name or default_name(argv), "--name"),
                        workdir=folder, metrics=patterns, target=goal,
                        requirements=lines, requirements_source=source, excludes=_excludes(exclude, "--exclude"),
-                       agree=agree_specs(list(agree), patterns, "--agree"))
+                       agree=agree_specs(list(agree), patterns, "--agree"),
+                       nproc_per_node=check_nproc(nproc_per_node, "--nproc-per-node"))
 
 
 def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> ProgramSpec:
@@ -197,7 +212,8 @@ def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> 
 
     Keys: ``command`` (required, a list of words), ``name``, ``metrics`` ({name: regex}), ``target``
     (``'loss<=1.2'``), ``requirements`` (a file, relative to ``base``), ``pip`` (a list of
-    requirement specifiers), ``workdir`` (relative to ``base``; default ``base``), ``env``.
+    requirement specifiers), ``workdir`` (relative to ``base``; default ``base``), ``env``, ``exclude``,
+    ``agree`` and ``nproc_per_node`` (ranks per container).
     """
     if not isinstance(raw, Mapping):
         raise ProgramError(f"{source}: expected a mapping with keys {list(KEYS)}, got {raw!r:.120}")
@@ -244,4 +260,5 @@ def program_from_mapping(raw: Mapping[str, Any], *, source: str, base: Path) -> 
                        target=goal, requirements=lines, requirements_source=req_source,
                        env=_env(raw.get("env") or {}, f"{source}: env"),
                        excludes=_excludes(exclude, f"{source}: exclude"),
-                       agree=agree_specs(raw.get("agree") or [], patterns, f"{source}: agree"))
+                       agree=agree_specs(raw.get("agree") or [], patterns, f"{source}: agree"),
+                       nproc_per_node=check_nproc(raw.get("nproc_per_node", 1), f"{source}: nproc_per_node"))

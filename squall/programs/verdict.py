@@ -63,7 +63,7 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: Target | None,
     if hung is not None:
         return Verdict(CHECK, False, hung.measured, expected, hung.why)
     silent = [name for name in dict.fromkeys(metric_names)
-              if not any(rec.figure(name) is not None for rec in trace.records)]
+              if not any(rec.value(name) is not None for rec in trace.records)]
     if silent:
         read = sorted({name for rec in trace.records for name in _figures(rec)})
         return Verdict(CHECK, None, None, expected,
@@ -97,4 +97,4 @@ def judge(trace: RunTrace, runs: Sequence[RankRun], *, target: Target | None,
 
 def _figures(record: StepRecord) -> list[str]:
     """The names of the figures ``record`` carries (its named fields that are set, and its extras)."""
-    return [name for name in NAMED_FIGURES if record.figure(name) is not None] + list(record.extra)
+    return [name for name in NAMED_FIGURES if record.figure(name) is not None] + list(record.extra) + list(record.texts)

@@ -167,7 +167,7 @@ def _view(results: Results) -> _View:
     target = target_from(results.meta)
     ran = [c for c in results.cells if c.trace.records]
     figures = tuple(cell_figures(c.trace, target) for c in ran)
-    used = [(c.trace.profile, c.trace.workers) for c in results.cells]
+    used = [(c.trace.profile, c.trace.nodes) for c in results.cells]
     given = results.meta.get("profiles")
     return _View(results, target, figures, compare(figures),
                  fidelity_by_profile([p for p, _ in used], results.calibration),
@@ -249,7 +249,7 @@ def _headline(view: _View) -> str:
     r = view.results
     protocols = sorted({c.trace.protocol for c in r.cells})
     profiles = sorted({c.trace.profile for c in r.cells})
-    workers = sorted({c.trace.workers for c in r.cells})
+    workers = sorted({c.trace.nodes for c in r.cells})
     if not r.cells:
         return f"{len(r.claims)} claims." if r.claims else "No runs."
     return (f"{len(r.cells)} runs: {len(protocols)} protocols ({', '.join(protocols)}) on {len(profiles)} profiles "
