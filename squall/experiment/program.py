@@ -41,8 +41,8 @@ from typing import Any
 
 from squall.cluster.backend import ClusterBackend
 from squall.cluster.cluster import JobHandle
-from squall.cluster.netdev import LoopbackMeter, loopback_reader
 from squall.cluster.jobs import JobResult
+from squall.cluster.netdev import LoopbackMeter, loopback_reader
 from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
 from squall.experiment.hangs import BUDGET_DUMP_BEFORE_S, Running

@@ -19,7 +19,7 @@ from squall.programs.spec import MAX_NPROC, ProgramError, program_from_args, pro
 from squall.programs.verdict import judge
 from squall.report.programs import link_matrix, node_lines, ranks_rows
 from squall.run_meta import LinkCount, NodeBytes, ProgramMeta, RankRun, RunMeta
-from squall.run_trace import build_trace, trace_from_json, trace_to_json
+from squall.run_trace import RunTrace, build_trace, trace_from_json, trace_to_json
 from squall.target import Target
 
 LOGS = ["/l/rank2", "/l/rank3"]
@@ -52,7 +52,7 @@ def test_a_rank_the_launcher_never_started_is_an_error_and_the_logs_must_match()
 
 
 # -- the trace of 2 nodes x 2 ranks ---------------------------------------------------------------------
-def _trace(**meta: object):  # type: ignore[no-untyped-def]
+def _trace(**meta: object) -> tuple[RunTrace, tuple[RankRun, ...]]:
     """2 nodes x 2 ranks: ranks 0, 1 on node 0 and 2, 3 on node 1; each record carries its node's bytes."""
     per = [[{"step": 1, "wall": 101.0 + r / 10, "loss": 2.0, "bytes_sent": 100 * (1 + r // 2)},
             {"step": 2, "wall": 103.0 + r / 10, "loss": 0.9, "bytes_sent": 300 * (1 + r // 2)}] for r in range(4)]
@@ -137,11 +137,11 @@ def test_nproc_per_node_reaches_the_spec_and_its_record(tmp_path: Path) -> None:
 
 
 # -- loopback counters and a local rank's process -------------------------------------------------------
-NET_DEV = """Inter-|   Receive                                                |  Transmit
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
-    lo:   10280      10    0    0    0     0          0         0    10280      10    0    0    0     0       0          0
-  eth0: 9999 7 0 0 0 0 0 0 1234 5 0 0 0 0 0 0
-"""
+NET_DEV = "\n".join([
+    "Inter-|   Receive                                                |  Transmit",
+    " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier",
+    "    lo:   10280      10    0    0    0     0          0         0    10280      10    0    0    0     0       0 0",
+    "  eth0: 9999 7 0 0 0 0 0 0 1234 5 0 0 0 0 0 0", ""])
 
 
 def test_net_dev_rows_are_read_and_a_broken_one_is_refused() -> None:
