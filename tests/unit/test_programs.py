@@ -305,8 +305,11 @@ def test_the_json_object_has_what_the_issue_asks() -> None:
     verdict = judge(trace, runs, target=LOSS)
     obj = result_json(trace, verdict, target=LOSS)
     assert obj["verdict"] == "pass" and obj["profile"] == "thin-20mbit" and obj["backend"] == "nfqueue"
-    assert obj["ranks"] == [{"rank": 0, "exit_code": 0, "state": "exited", "restarts": 0, "logs": "/l/rank0"},
-                            {"rank": 1, "exit_code": 0, "state": "exited", "restarts": 0, "logs": "/l/rank1"}]
+    assert obj["ranks"] == [{"rank": 0, "exit_code": 0, "state": "exited", "restarts": 0, "logs": "/l/rank0",
+                             "stack": None},
+                            {"rank": 1, "exit_code": 0, "state": "exited", "restarts": 0, "logs": "/l/rank1",
+                             "stack": None}]
+    assert obj["hung"] is False and obj["faults"] == [] and obj["agreement"] == []
     assert obj["bytes_sent"] == [1000, 200] and obj["bytes_received"] == [200, 1000]
     assert obj["metrics"]["loss"][0] == {"rank": 0, "t": 0.0, "value": 2.0, "step": 1}
     assert obj["time_to_target_s"] == pytest.approx(2.0) and obj["bytes_to_target"] == [300, 50]

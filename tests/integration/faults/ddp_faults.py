@@ -27,6 +27,14 @@ def wait_for_the_checkpoint_lock() -> None:
         time.sleep(0.5)
 
 
+def _all_done(mine: bool) -> bool:
+    """Whether any rank's time is up: every rank stops at the same step (a lone rank in a barrier while the
+    others all-reduce would be a collective mismatch: a hang)."""
+    flag = torch.tensor([1.0 if mine else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["steady", "hang", "diverge"])
@@ -45,7 +53,7 @@ def main() -> None:
     data = torch.Generator().manual_seed(100 + rank)
     started = time.monotonic()
     step = 0
-    while step < args.steps if args.until is None else time.monotonic() - started < args.until:
+    while step < args.steps if args.until is None else not _all_done(time.monotonic() - started >= args.until):
         step += 1
         if args.mode == "hang" and rank == args.rank and step > args.after:
             wait_for_the_checkpoint_lock()
