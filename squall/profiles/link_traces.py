@@ -1,11 +1,12 @@
 """Link traces: a file of timed rows that a link scope replays instead of (or beside) fixed settings.
 
 A trace is a CSV or JSON file whose header names the columns: ``time`` and any of ``delay``,
-``jitter``, ``rate``, ``loss``. Each row's values are written in the profile's own units (``2.5s``,
-``40ms``, ``20mbit``, ``1%``) and read by the same parsers as a ``links:`` section, so a trace row
-accepts exactly what the key would. A row holds from its ``time`` until the next row's; the last
-row holds to the end of the run, or, when the trace loops, until ``loop`` (the period) after which
-the trace starts again from its first row.
+``jitter``, ``rate``, ``loss`` for a link scope (:data:`LINK_COLUMNS`), or any of ``uplink`` and
+``downlink`` for a ``links.nodes`` entry's access link (:data:`ACCESS_COLUMNS`). Each row's values
+are written in the profile's own units (``2.5s``, ``40ms``, ``20mbit``, ``1%``) and read by the
+same parsers as the keys, so a trace row accepts exactly what the key would. A row holds from its
+``time`` until the next row's; the last row holds to the end of the run, or, when the trace loops,
+until ``loop`` (the period) after which the trace starts again from its first row.
 
 CSV: a header line, then one line per row, every cell filled; blank lines and lines starting with
 ``#`` are skipped. JSON: a list whose first element is the header (a list of column names) and
@@ -28,11 +29,13 @@ import io
 import json
 import os
 import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from squall.profiles.errors import Origin, ProfileError, Section
+from squall.profiles.bounds import parse_link_rate_bps
+from squall.profiles.errors import Origin, ProfileError, Section, parse_at
 from squall.profiles.model import Jitter, Loss
 from squall.profiles.settings import BY_KEY
 from squall.profiles.units import (
@@ -45,13 +48,37 @@ from squall.profiles.units import (
 )
 
 TIME_COLUMN: Final = "time"
-TRACE_COLUMNS: Final = ("delay", "jitter", "rate", "loss")  # the settings a trace may change
+TRACE_COLUMNS: Final = ("delay", "jitter", "rate", "loss")  # the link settings a trace may change
+ACCESS_KEYS: Final = ("uplink", "downlink")  # a node's shared access link, which a nodes entry's trace may change
 MAX_TRACE_BYTES: Final = 4 << 20  # 4 MiB: an hour of 100 ms rows with four columns is about 1.5 MiB
 MAX_TRACE_ROWS: Final = 36_000  # an hour of rows at the minimum step
 MIN_STEP_US: Final = 100_000  # 100 ms: each change is a kernel update on every shaped link
 SUFFIXES: Final = (".csv", ".json")
-COLUMNS_ALLOWED: Final = f"'{TIME_COLUMN}' and at least one of {', '.join(TRACE_COLUMNS)}, each once"
 REF_ALLOWED: Final = "a file name (relative to the profile's folder) or {file: NAME, loop: PERIOD}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A setting column a trace may have: the model field it sets and how a cell is read."""
+
+    field: str  # the field it sets (a LinkSpec field, or uplink_bps/downlink_bps of a NodeLinkSpec)
+    parse: Callable[[Origin, object], Any]  # (where the cell is, the cell) -> value; ProfileError when refused
+
+
+#: The columns of a link scope's trace: each read by its row of the settings table.
+LINK_COLUMNS: Final[Mapping[str, Column]] = {key: Column(BY_KEY[key].field, BY_KEY[key].parse) for key in TRACE_COLUMNS}
+#: The columns of a ``links.nodes`` entry's trace: the node's shared uplink and downlink rates.
+ACCESS_COLUMNS: Final[Mapping[str, Column]] = {
+    key: Column(f"{key}_bps", lambda origin, raw: parse_at(origin, raw, parse_link_rate_bps)) for key in ACCESS_KEYS
+}
+
+
+def columns_allowed(columns: Mapping[str, Column]) -> str:
+    """What a header may name, for messages."""
+    return f"'{TIME_COLUMN}' and at least one of {', '.join(columns)}, each once"
+
+
+COLUMNS_ALLOWED: Final = columns_allowed(LINK_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -67,14 +94,10 @@ class Trace:
     """A parsed trace: its columns and rows, and its period when it loops."""
 
     file: str  # the file it was read from (for messages and reports)
-    columns: tuple[str, ...]  # the setting columns, as profile keys ("delay", "rate", ...)
+    columns: tuple[str, ...]  # the setting columns, as profile keys ("delay", "rate", "uplink", ...)
     rows: tuple[TraceRow, ...]  # at least one; the first at 0; times increase by >= MIN_STEP_US
     loop_us: int | None = None  # period when the trace repeats; None: the last row holds forever
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """The LinkSpec fields the trace sets."""
-        return tuple(BY_KEY[column].field for column in self.columns)
+    fields: tuple[str, ...] = ()  # the field each column sets, in column order (LinkSpec or NodeLinkSpec fields)
 
     @property
     def length_us(self) -> int:
@@ -123,7 +146,7 @@ def format_value(field: str, value: object) -> str:
         if value.gemodel is not None:
             return f"ge ~{format_probability(round(value.gemodel.mean_loss, 5))}"
         return format_probability(value.probability)
-    if field == "rate_bps":
+    if field.endswith("_bps"):
         return format_rate_bps(value) if isinstance(value, int) else "unlimited"
     if isinstance(value, int):
         return format_duration_us(value) if value else "0"
@@ -183,23 +206,25 @@ def _cells_of_json(text: str) -> list[tuple[str, list[object]]]:
     return found
 
 
-def _header(cells: list[object], where: str) -> tuple[str, ...]:
+def _header(cells: list[object], where: str, known: Mapping[str, Column]) -> tuple[str, ...]:
+    allowed = columns_allowed(known)
     columns: list[str] = []
     for cell in cells:
         name = cell.strip() if isinstance(cell, str) else cell
-        if name != TIME_COLUMN and name not in TRACE_COLUMNS:
-            raise ProfileError("", f"{where}, header", "unknown column", value=cell, allowed=COLUMNS_ALLOWED)
+        if name != TIME_COLUMN and name not in known:
+            raise ProfileError("", f"{where}, header", "unknown column", value=cell, allowed=allowed)
         if name in columns:
-            raise ProfileError("", f"{where}, header", "repeated column", value=cell, allowed=COLUMNS_ALLOWED)
+            raise ProfileError("", f"{where}, header", "repeated column", value=cell, allowed=allowed)
         assert isinstance(name, str)
         columns.append(name)
     if TIME_COLUMN not in columns or len(columns) < 2:
         raise ProfileError("", f"{where}, header", "needs a time column and a setting column", value=cells,
-                           allowed=COLUMNS_ALLOWED)
+                           allowed=allowed)
     return tuple(columns)
 
 
-def _row(number: int, where: str, columns: tuple[str, ...], cells: list[object]) -> TraceRow:
+def _row(number: int, where: str, columns: tuple[str, ...], cells: list[object],
+         known: Mapping[str, Column]) -> TraceRow:
     label = f"row {number} ({where})"
     if len(cells) != len(columns):
         raise ProfileError("", label, f"has {len(cells)} cells for {len(columns)} columns", value=cells,
@@ -216,18 +241,22 @@ def _row(number: int, where: str, columns: tuple[str, ...], cells: list[object])
             except UnitError as exc:
                 raise origin.error(exc.problem, value=cell, allowed=exc.allowed) from None
             continue
-        setting = BY_KEY[column]
+        setting = known[column]
         values.append((setting.field, setting.parse(origin, cell)))
     return TraceRow(at_us, tuple(values))
 
 
-def parse_trace(data: bytes, file: str, *, loop_us: int | None = None) -> Trace:
+def parse_trace(data: bytes, file: str, *, loop_us: int | None = None,
+                columns: Mapping[str, Column] = LINK_COLUMNS) -> Trace:
     """Decode and check a trace file's bytes; its suffix (``.csv``, ``.json``) says how. Pure.
+
+    ``columns``: the setting columns the header may name (:data:`LINK_COLUMNS` for a link scope,
+    :data:`ACCESS_COLUMNS` for a node's access link).
 
     :raises ProfileError: naming ``file``, the row and the column, for anything refused.
     """
     try:
-        return _parse(data, file, loop_us)
+        return _parse(data, file, loop_us, columns)
     except ProfileError as exc:
         raise with_file(file, exc) from None
 
@@ -267,13 +296,13 @@ def with_file(file: str, exc: ProfileError) -> ProfileError:
     return ProfileError(file, exc.key, exc.problem, value=exc.value, allowed=exc.allowed)
 
 
-def _parse(data: bytes, file: str, loop_us: int | None) -> Trace:
-    lines = read_table(data, file, COLUMNS_ALLOWED)
+def _parse(data: bytes, file: str, loop_us: int | None, known: Mapping[str, Column]) -> Trace:
+    lines = read_table(data, file, columns_allowed(known))
     header_at, header_cells = lines[0]
-    columns = _header(header_cells, header_at)
+    columns = _header(header_cells, header_at, known)
     rows: list[TraceRow] = []
     for number, (where, cells) in enumerate(lines[1:], start=1):
-        row = _row(number, where, columns, cells)
+        row = _row(number, where, columns, cells, known)
         time_origin = Origin("", f"row {number} ({where}), column {TIME_COLUMN}")
         if not rows and row.at_us != 0:
             raise time_origin.error("the first row must start at 0", value=format_duration_us(row.at_us),
@@ -290,7 +319,8 @@ def _parse(data: bytes, file: str, loop_us: int | None) -> Trace:
                            value=format_duration_us(loop_us),
                            allowed=f"at least {format_duration_us(rows[-1].at_us + MIN_STEP_US)} "
                                    f"(the last row's time plus {format_duration_us(MIN_STEP_US)})")
-    return Trace(file, tuple(c for c in columns if c != TIME_COLUMN), tuple(rows), loop_us)
+    settings = tuple(c for c in columns if c != TIME_COLUMN)
+    return Trace(file, settings, tuple(rows), loop_us, tuple(known[c].field for c in settings))
 
 
 # ----------------------------------------------------------------------------- a profile's reference
@@ -303,8 +333,9 @@ def profile_folder(origin: Origin) -> Path:
     return Path(origin.file).resolve().parent
 
 
-def load_trace(origin: Origin, raw: object) -> Trace:
-    """Read the trace a link scope's ``trace:`` names (``NAME`` or ``{file: NAME, loop: PERIOD}``)."""
+def load_trace(origin: Origin, raw: object, columns: Mapping[str, Column] = LINK_COLUMNS) -> Trace:
+    """Read the trace a link scope's (or a node entry's) ``trace:`` names (``NAME`` or ``{file: NAME,
+    loop: PERIOD}``), with the setting ``columns`` its header may name."""
     loop_us: int | None = None
     if isinstance(raw, dict):
         section = Section(origin, raw, ("file", "loop"))
@@ -320,7 +351,7 @@ def load_trace(origin: Origin, raw: object) -> Trace:
     if not isinstance(name, str) or not name.strip():
         raise origin_of_name.error("must be a file name", value=name, allowed=REF_ALLOWED)
     path, data = read_referenced(origin_of_name, name, REF_ALLOWED)
-    return parse_trace(data, str(path), loop_us=loop_us)
+    return parse_trace(data, str(path), loop_us=loop_us, columns=columns)
 
 
 def read_referenced(origin: Origin, name: str, allowed: str) -> tuple[Path, bytes]:

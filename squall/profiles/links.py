@@ -9,16 +9,23 @@ directed entry (``->``) beats a symmetric one (``<->``); two entries of the same
 link are an error, as is a node named by two ``nodes`` entries. When the sender's egress and the
 receiver's ingress both set a key, the ``narrowest`` ones (``rate``, ``limit``) take the smaller
 value (a packet crosses both); any other key is an error.
+
+A ``nodes`` entry also describes the nodes' access to the network: ``uplink`` and ``downlink``
+(everything a node sends or receives, shared by all its links), fixed or replayed from a trace
+whose columns are ``uplink`` and ``downlink`` (:data:`~.link_traces.ACCESS_COLUMNS`), and ``nat``
+(:func:`parse_nat`): the nodes sit behind NAT, each behind its own (``true``) or all the nodes of
+a named site behind one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
 from squall.profiles.bounds import parse_link_rate_bps
 from squall.profiles.errors import Origin, Section, expect_list
-from squall.profiles.link_traces import Trace, load_trace
+from squall.profiles.link_traces import ACCESS_COLUMNS, ACCESS_KEYS, Trace, load_trace
 from squall.profiles.regions import RegionSet
 from squall.profiles.selectors import NodeSelector, PairExpr, parse_pair, parse_selector, split_arrow
 from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS
@@ -26,6 +33,11 @@ from squall.profiles.settings import BY_FIELD, LINK_KEYS, SETTINGS
 KEY_OF_FIELD: Final = {field: setting.key for field, setting in BY_FIELD.items()}
 MIN_FIELDS: Final = frozenset(s.field for s in SETTINGS if s.narrowest)  # egress/ingress conflicts take the smaller
 TRACE_KEY: Final = "trace"  # a link scope's trace file, beside or instead of fixed settings
+NAT_KEY: Final = "nat"  # a nodes entry: its nodes sit behind NAT
+OWN_NAT: Final = ""  # NodeRule.nat of ``nat: true``: every node behind a NAT of its own
+_SITE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+NAT_ALLOWED: Final = ("true (each node behind a NAT of its own), false, or a site name (lower-case letters, digits, "
+                      "- and _, starting with a letter, at most 32 characters) shared by the nodes behind one NAT")
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,17 @@ class NodeRule:
     ingress: LinkPatch | None  # applied to links * -> dst, for dst in nodes
     uplink_bps: int | None  # total sending rate shared by all of the node's links
     downlink_bps: int | None  # total receiving rate shared by all of the node's links
+    access: LinkPatch | None = None  # a trace of uplink/downlink (columns of ACCESS_COLUMNS), at this entry's key
+    nat: str | None = None  # behind NAT: OWN_NAT (each node its own) or the site's name; None: reachable
+
+    def access_at(self, at_us: int) -> tuple[int | None, int | None]:
+        """(uplink, downlink) in bits/s ``at_us`` after the rules started: the trace's row over the fixed keys."""
+        values = dict(self.access.items(at_us)) if self.access is not None else {}
+        uplink = values.get("uplink_bps", self.uplink_bps)
+        downlink = values.get("downlink_bps", self.downlink_bps)
+        assert uplink is None or isinstance(uplink, int)
+        assert downlink is None or isinstance(downlink, int)
+        return uplink, downlink
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ class LinkRules:
         found += [patch for _, patch in self.inside]
         found += [rule.patch for rule in self.between]
         for rule in self.nodes:
-            found += [p for p in (rule.egress, rule.ingress) if p is not None]
+            found += [p for p in (rule.egress, rule.ingress, rule.access) if p is not None]
         return found + [rule.patch for rule in self.pairs]
 
     def traces(self) -> list[LinkPatch]:
@@ -147,11 +170,39 @@ def _between(origin: Origin, raw: object, regions: RegionSet) -> BetweenRule:
     return BetweenRule(origin, src, dst, symmetric, patch)
 
 
-def _node_rule(origin: Origin, raw: object) -> NodeRule:
-    """One ``nodes`` entry: ``{nodes: 3, egress: {...}, ingress: {...}, uplink: 20mbit}``."""
-    section = Section(origin, raw, ("nodes", "egress", "ingress", "uplink", "downlink"))
+def parse_nat(origin: Origin, raw: object) -> str | None:
+    """``nat: true`` (:data:`OWN_NAT`), ``false`` (None) or a site's name, as :class:`NodeRule` holds it."""
+    if raw is True:
+        return OWN_NAT
+    if raw is False:
+        return None
+    if isinstance(raw, str) and _SITE.match(raw) and raw not in ("true", "false", "yes", "no", "on", "off"):
+        return raw
+    raise origin.error("is not a NAT setting", value=raw, allowed=NAT_ALLOWED)
+
+
+def _access_trace(origin: Origin, section: Section) -> LinkPatch | None:
+    """A nodes entry's ``trace:`` of its access link; a key written beside it must not be one of its columns."""
+    if not section.has(TRACE_KEY):
+        return None
+    trace = load_trace(origin.at(TRACE_KEY), section.value(TRACE_KEY), ACCESS_COLUMNS)
+    for column in trace.columns:
+        if section.has(column):
+            raise origin.at(column).error(
+                f"is also a column of the trace {trace.file}", value=section.value(column),
+                allowed="each of uplink and downlink either fixed here or in the trace")
+    return LinkPatch(origin, (), trace)
+
+
+def _node_rule(origin: Origin, raw: object, *, in_phase: bool = False) -> NodeRule:
+    """One ``nodes`` entry: ``{nodes: 3, egress: {...}, ingress: {...}, uplink: 20mbit, nat: true}``."""
+    section = Section(origin, raw, ("nodes", "egress", "ingress", *ACCESS_KEYS, TRACE_KEY, NAT_KEY))
     if not section.has("nodes"):
         raise origin.at("nodes").error("is required", allowed="a node selector")
+    nat = parse_nat(origin.at(NAT_KEY), section.value(NAT_KEY)) if section.has(NAT_KEY) else None
+    if in_phase and section.has(NAT_KEY):
+        raise origin.at(NAT_KEY).error("a node's NAT holds for the whole run", value=section.value(NAT_KEY),
+                                       allowed="nat in the top-level links.nodes only")
     rule = NodeRule(
         origin=origin,
         nodes=parse_selector(origin.at("nodes"), section.value("nodes")),
@@ -163,9 +214,11 @@ def _node_rule(origin: Origin, raw: object) -> NodeRule:
         else None,
         uplink_bps=section.get("uplink", parse_link_rate_bps),
         downlink_bps=section.get("downlink", parse_link_rate_bps),
+        access=_access_trace(origin, section),
+        nat=nat,
     )
     if len(section.raw) == 1:
-        raise origin.error("sets nothing", allowed="egress, ingress, uplink or downlink next to nodes")
+        raise origin.error("sets nothing", allowed="egress, ingress, uplink, downlink, trace or nat next to nodes")
     return rule
 
 
@@ -191,8 +244,8 @@ def _no_duplicates(origin: Origin, keys: list[tuple[object, ...]], what: str) ->
         seen[key] = index
 
 
-def parse_links(origin: Origin, raw: object, regions: RegionSet) -> LinkRules:
-    """Read a ``links:`` mapping."""
+def parse_links(origin: Origin, raw: object, regions: RegionSet, *, in_phase: bool = False) -> LinkRules:
+    """Read a ``links:`` mapping (``in_phase``: a phase's, where ``nat`` is refused)."""
     section = Section(origin, raw, ("default", "inside", "between", "nodes", "pairs"))
     default = (
         parse_link_section(origin.at("default"), section.value("default")) if section.has("default") else None
@@ -217,7 +270,8 @@ def parse_links(origin: Origin, raw: object, regions: RegionSet) -> LinkRules:
         [(r.symmetric, *(sorted([r.src, r.dst]) if r.symmetric else [r.src, r.dst])) for r in between],
         "region link",
     )
-    nodes = [_node_rule(o, item) for o, item in entries("nodes", "{nodes: SELECTOR, egress: ...} entries")]
+    nodes = [_node_rule(o, item, in_phase=in_phase)
+             for o, item in entries("nodes", "{nodes: SELECTOR, egress: ...} entries")]
     pairs = [_pair(o, item) for o, item in entries("pairs", "{link: 'A -> B', ...} entries")]
     _no_duplicates(origin.at("pairs"), [p.expr.canonical() for p in pairs], "pair")
     return LinkRules(origin, default, tuple(inside), tuple(between), tuple(nodes), tuple(pairs))

@@ -64,7 +64,8 @@ def _phases(origin: Origin, raw: object, regions: RegionSet) -> tuple[Phase, ...
         if not isinstance(name, str):
             raise entry.at("name").error("must be a string", value=name)
         links = (
-            parse_links(entry.at("links"), section.value("links"), regions) if section.has("links") else None
+            parse_links(entry.at("links"), section.value("links"), regions, in_phase=True)
+            if section.has("links") else None
         )
         phases.append(Phase(entry, at_us, name, links or LinkRules(entry.at("links"))))
     return tuple(phases)

@@ -22,7 +22,7 @@ from squall.profiles.churn import REFERENCE_RUN_S, ChurnPlan
 from squall.profiles.devices import DeviceModel
 from squall.profiles.errors import Origin
 from squall.profiles.link_traces import Trace
-from squall.profiles.links import LinkPatch, LinkRules
+from squall.profiles.links import OWN_NAT, LinkPatch, LinkRules
 from squall.profiles.model import ChurnEvent, DeviceSpec, LinkSpec, NodeLinkSpec
 from squall.profiles.regions import RegionSet
 from squall.profiles.resolve import Resolver, check_link, check_node_rules
@@ -136,16 +136,33 @@ class Profile:
         return {field: origin.key for field, origin in resolver.origins.items()}
 
     def node_link(self, node: int, n: int, at: float = 0.0) -> NodeLinkSpec:
-        """The node's shared uplink/downlink rates (from ``links.nodes`` entries) at ``at`` seconds."""
+        """The node's shared uplink/downlink rates (from ``links.nodes`` entries, fixed or traced) at ``at``
+        seconds; a phase's entry overrides the base's key by key."""
         _check_node(node, n)
         uplink, downlink = None, None
         phase = self.phase_at(at)
-        for rules in (self.base, phase.links if phase else None):
+        at_us = round(at * 1e6)
+        for rules, start_us in ((self.base, 0), (phase.links if phase else None, phase.at_us if phase else 0)):
             for rule in rules.nodes if rules else ():
                 if node in rule.nodes.nodes(n):
-                    uplink = rule.uplink_bps if rule.uplink_bps is not None else uplink
-                    downlink = rule.downlink_bps if rule.downlink_bps is not None else downlink
+                    up, down = rule.access_at(at_us - start_us)
+                    uplink = up if up is not None else uplink
+                    downlink = down if down is not None else downlink
         return NodeLinkSpec(uplink, downlink)
+
+    def nat_sites(self, n: int) -> tuple[tuple[int, ...], ...]:
+        """The NAT sites of a cluster of n: the nodes behind each NAT (``links.nodes`` entries with ``nat``),
+        each site's nodes sorted, sites in the order of their first node; nodes in no site are reachable."""
+        named: dict[str, set[int]] = {}
+        sites: list[tuple[int, ...]] = []
+        for rule in self.base.nodes:
+            members = sorted(rule.nodes.nodes(n))
+            if rule.nat == OWN_NAT:
+                sites += [(node,) for node in members]
+            elif rule.nat is not None:
+                named.setdefault(rule.nat, set()).update(members)
+        sites += [tuple(sorted(nodes)) for nodes in named.values() if nodes]
+        return tuple(sorted(sites))
 
     def region_of(self, node: int, n: int) -> str | None:
         """The node's region, or None."""
@@ -207,19 +224,27 @@ class Profile:
             check_node_rules(phase.links if phase else self.base, n)
             for node in range(n):
                 self.node_link(node, n, phase.at_s if phase else 0.0)
+        sites = self.nat_sites(n)
+        site_of = {node: k for k, site in enumerate(sites) for node in site}
         # every combination a run can see: each phase start and each trace row (one pass); one link
         # per pair of node classes, in the order of their first link, so an error names the same
         # link as checking every link in order would; a warning counts all of the pair's links
         for at in (0.0, *self.change_times()):
             for (src, dst), links in _class_pairs(classes):
                 resolver = self._resolver(src, dst, n, self.phase_at(at), at)
-                for warning in check_link(resolver.build(), resolver):
+                spec = resolver.build()
+                for warning in check_link(spec, resolver):
                     grouped[warning] += links
+                inbound = [(s, d) for s, d in links if d in site_of and site_of.get(s) != site_of[d]]
+                if inbound and spec.duplicate.probability > 0:
+                    _refuse_duplication_into_nat(resolver, inbound[0], n)
+        warnings_nat = _nat_warnings(sites, n)
         self.churn.scheduled(n)
         self.churn.check_draws(n, duration_s)
         for node in range(n):
             self.devices.device(node, n)
         warnings = [_grouped(text, [f"{a}->{b}" for a, b in sorted(set(links))]) for text, links in grouped.items()]
+        warnings += warnings_nat
         for warning in warnings:
             logger.warning("%s", warning)
         return warnings
@@ -261,6 +286,23 @@ def _check_node(node: int, n: int) -> None:
     """Reject a node index outside the cluster (a caller's mistake, not the profile's)."""
     if not 0 <= node < n:
         raise ValueError(f"node {node} is not in a cluster of {n} nodes")
+
+
+def _refuse_duplication_into_nat(resolver: Resolver, link: tuple[int, int], n: int) -> None:
+    """Duplication is an iptables TEE in the sender, which sees only the NAT's address of a node behind one."""
+    where = resolver.origins["duplicate"]
+    raise where.error(f"link {link[0]}->{link[1]} enters node {link[1]} through its NAT (for {n} workers), "
+                      "where a sender cannot duplicate packets for it", allowed="no duplicate on links into a node "
+                      "behind NAT from outside its site")
+
+
+def _nat_warnings(sites: tuple[tuple[int, ...], ...], n: int) -> list[str]:
+    """A cluster in which no node accepts connections from outside its site is probably a mistake."""
+    behind = {node for site in sites for node in site}
+    if len(sites) > 1 and len(behind) == n:
+        return [f"every node of {n} is behind NAT, in {len(sites)} sites: no node can open a connection to a "
+                "node of another site (only hole punching or a relay outside would join them)"]
+    return []
 
 
 def _class_pairs(classes: list[list[int]]) -> list[tuple[tuple[int, int], list[tuple[int, int]]]]:
