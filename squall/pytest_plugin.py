@@ -28,9 +28,11 @@ A user's own program instead of a protocol (one rank per container, torchrun's e
         assert max(squall_program.bytes_sent) < 50e6
 
 Its keys: ``command`` (a list of words), ``metrics``, ``target`` (a string such as ``'loss<=1.0'``),
-``name``, ``workdir`` (default: the test file's folder), ``requirements``, ``pip``, ``env``;
+``name``, ``workdir`` (default: the test file's folder), ``requirements``, ``pip``, ``env``, ``agree``
+(figures every finished rank must end with), and ``hang_after`` (also a protocol's; ``--squall-hang-after``);
 ``squall_program`` runs the cell and returns a :class:`~squall.programs.result.ProgramResult`
-(figures, bytes per rank and per link, each rank's stdout and stderr, the verdict).
+(figures, bytes per rank and per link, each rank's stdout and stderr, the verdict, ``hung``, each rank's
+``stacks``, the ``agreement`` and the ``faults`` with their recovery; docs/faults.md).
 
 Fixtures: ``squall_cell`` (the :class:`~squall.experiment.matrix.Cell` of this test), ``squall_lab`` (a
 started :class:`~squall.experiment.lab.Lab` for the cell's size, shared by the whole session),
@@ -60,7 +62,8 @@ MARKER = "squall"
 MARKER_KEYS = {"protocols", "profiles", "workers", "seeds", "seconds", "steps", "task", "target", "lr", "config",
                "compare", "hang_after", "agree"}
 #: Marker keys of a program (``command=[...]``) rather than a protocol.
-PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude", "agree"}
+PROGRAM_KEYS = {"command", "metrics", "name", "workdir", "requirements", "pip", "env", "exclude", "agree",
+                "nproc_per_node"}
 #: Keys a protocol's marker and a program's both take (they do not make a marker a program's).
 SHARED_KEYS = {"agree"}
 #: Marker keys that make no sense with a command.

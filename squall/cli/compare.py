@@ -83,7 +83,7 @@ def _command(text: str, *, flag: str) -> list[str]:
 def _program(args: argparse.Namespace, argv: Sequence[str], *, name: str, workdir: str | None = None) -> ProgramSpec:
     return program_from_args(argv, metrics=args.metric or (), target=args.target, workdir=workdir or args.workdir,
                              requirements=args.requirements, pip=args.pip or (), name=name,
-                             exclude=args.exclude or ())
+                             exclude=args.exclude or (), nproc_per_node=args.nproc_per_node)
 
 
 def build_sides(args: argparse.Namespace, command: Sequence[str], staging: Path) -> tuple[Side, Side, str]:
@@ -118,7 +118,8 @@ def build_sides(args: argparse.Namespace, command: Sequence[str], staging: Path)
         raise ValueError("give both --baseline-protocol and --candidate-protocol")
     program_only = [f for f, v in (("--metric", args.metric), ("--workdir", args.workdir),
                                    ("--requirements", args.requirements), ("--pip", args.pip),
-                                   ("--exclude", args.exclude)) if v]
+                                   ("--exclude", args.exclude), ("--nproc-per-node", args.nproc_per_node != 1))
+                    if v]
     if program_only:
         raise ValueError(f"{', '.join(program_only)}: only for commands, not protocols")
     sides = []
@@ -248,6 +249,8 @@ def add_subparser(sub: Any) -> None:
     p.add_argument("--candidate-protocol", metavar="'NAME [KEY=VALUE ...]'", help="a protocol and its options")
     p.add_argument("--profile", action="append", help="a network profile (repeatable: each is compared on its own)")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="K",
+                   help="commands: K ranks in each worker container, as torchrun's --nproc-per-node")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=f"runs per side per profile (default {DEFAULT_RUNS})")
     p.add_argument("--max-runs", type=int, help="keep adding pairs past --runs, up to this many, until every gating "
                                                 "measure is decided")

@@ -440,7 +440,8 @@ def matrix_plans(spec: MatrixFile, *, where: str, base: Path, staging: Path) -> 
         here = f"{where}: compare[{k}]"
 
         def program(command: list[str], name: str, workdir: str | None = None, here: str = here) -> ProgramSpec:
-            entry = {"command": command, "name": name, **({"workdir": workdir} if workdir else {})}
+            entry = {"command": command, "name": name, **({"workdir": workdir} if workdir else {}),
+                     "nproc_per_node": spec.nproc_per_node}
             if target is not None:
                 entry["target"] = str(target)
             return program_from_mapping(entry, source=here, base=base)

@@ -13,7 +13,9 @@ Beside (or instead of) ``protocols``, ``programs`` lists users' own commands
     programs:
       - {name: ddp, command: [python, train.py], metrics: {loss: 'loss (\\S+)'}, target: 'loss<=1.0'}
 
-Each cell has an id such as ``ring-wan_5ms-w8`` (``-s1`` is added when a matrix has several seeds).
+Each cell has an id such as ``ring-wan_5ms-w8`` (``-s1`` is added when a matrix has several seeds; a program
+that runs K ranks per node, ``nproc_per_node``, is ``ddp-lan-w2x2``). ``run: nproc_per_node: K`` gives every
+program (and every command of ``compare:``) that does not set its own K ranks per node.
 Unknown protocols or profiles and impossible sizes are rejected with the file, the key and what is
 allowed, before anything starts.
 """
@@ -23,14 +25,14 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from squall.profiles import ProfileError, load_profile
-from squall.programs.spec import ProgramError, ProgramSpec, program_from_mapping
+from squall.programs.spec import ProgramError, ProgramSpec, check_nproc, program_from_mapping
 
 KEYS = ("protocols", "programs", "profiles", "workers", "seeds")
 #: A protocol that lives outside Squall: its job entry point.
@@ -55,7 +57,9 @@ class Cell:
         """Readable test id, e.g. ``ring-wan_5ms-w8`` (``-s1`` with ``with_seed``)."""
         profile = re.sub(r"[^A-Za-z0-9]+", "_", Path(self.profile).stem)
         protocol = re.sub(r"[^A-Za-z0-9_]+", "_", self.protocol)
-        return f"{protocol}-{profile}-w{self.workers}" + (f"-s{self.seed}" if with_seed else "")
+        nproc = self.program.nproc_per_node if self.program is not None else 1
+        ranks = f"x{nproc}" if nproc > 1 else ""
+        return f"{protocol}-{profile}-w{self.workers}{ranks}" + (f"-s{self.seed}" if with_seed else "")
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class MatrixFile:
     claims: tuple[str, ...]  # claim ids from claims.yaml
     calibrate: bool = True  # calibrate each profile quickly before its first cell (key ``calibrate``)
     compare: tuple[Mapping[str, Any], ...] = ()  # baseline against candidate on every profile (key ``compare``)
+    nproc_per_node: int = 1  # run: nproc_per_node: ranks per node of programs and compare commands that set none
 
 
 def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFile:
@@ -195,8 +200,23 @@ def load_matrix_file(path: Path, *, known_protocols: Iterable[str]) -> MatrixFil
         raise MatrixError(f"{path}: run: hang_after: expected a number of seconds > 0, got {hang!r}")
     if not isinstance(claims, list) or not all(isinstance(c, str) for c in claims):
         raise MatrixError(f"{path}: claims: expected a list of claim ids, got {claims!r}")
+    run = dict(run)
+    nproc = run.pop("nproc_per_node", 1)  # a program's setting, not a protocol's (RunSpec has none)
+    try:
+        check_nproc(nproc, f"{path}: run: nproc_per_node")
+    except ProgramError as exc:
+        raise MatrixError(str(exc)) from None
+    listed = raw.get("programs")
+    entries: list[Any] = listed if isinstance(listed, list) else []
     matrix = build_matrix(raw, source=str(path), known_protocols=known_protocols, base=path.resolve().parent)
-    return MatrixFile(matrix, run, tuple(claims), calibrate, tuple(compare))
+    if nproc != 1:
+        if not matrix.programs and not compare:
+            raise MatrixError(f"{path}: run: nproc_per_node: only programs run several ranks per node, and this "
+                              "matrix has none (programs: or compare: with commands)")
+        programs = tuple(p if isinstance(e, Mapping) and "nproc_per_node" in e else replace(p, nproc_per_node=nproc)
+                         for p, e in zip(matrix.programs, entries, strict=True))
+        matrix = replace(matrix, programs=programs)
+    return MatrixFile(matrix, run, tuple(claims), calibrate, tuple(compare), nproc)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -58,6 +58,8 @@ def code_of(*argv: str) -> int:
     ("--baseline", "python train.py", "--candidate", "python train.py", "--target", "loss<1"),
     ("--baseline", "python train.py", "--candidate", "python train.py", "--workers", "1", "--profile", "preemptible"),
     ("--baseline", "python train.py", "--candidate", "python train.py", "--gate", "speed"),
+    ("--baseline", "python train.py", "--candidate", "python train.py", "--nproc-per-node", "0"),
+    ("--baseline-protocol", "ring", "--candidate-protocol", "ring", "--nproc-per-node", "2"),  # a command's flag
 ])
 def test_bad_usage_is_refused_before_anything_starts(project: Path, argv: tuple[str, ...],
                                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -177,6 +177,9 @@ def program_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("--requirements", "missing.txt", "--", "python", "train.py"),
     ("--pip", "-e .", "--", "python", "train.py"),
     ("--workers", "1", "--profile", "preemptible", "--", "python", "train.py"),
+    ("--nproc-per-node", "0", "--", "python", "train.py"),  # ranks per node: 1..64
+    ("--nproc-per-node", "65", "--", "python", "train.py"),
+    ("--protocol", "ring", "--nproc-per-node", "2"),  # a command's flag with a protocol
 ])
 def test_run_a_command_with_bad_usage(program_dir: Path, argv: tuple[str, ...]) -> None:
     profile = () if "--profile" in argv else ("--profile", "lan")
@@ -185,6 +188,7 @@ def test_run_a_command_with_bad_usage(program_dir: Path, argv: tuple[str, ...]) 
 
 def test_run_a_command_without_an_engine_is_an_environment_not_ready(program_dir: Path) -> None:
     assert code_of("run", "--profile", "lan", "--", "python", "train.py") == EXIT_ENVIRONMENT
+    assert code_of("run", "--profile", "lan", "--nproc-per-node", "2", "--", "python", "train.py") == EXIT_ENVIRONMENT
 
 
 def test_image_build_with_requirements(program_dir: Path) -> None:

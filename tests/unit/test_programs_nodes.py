@@ -13,6 +13,7 @@ from squall.checks.measures import BYTES_SENT, measure
 from squall.checks.recovery import fault_events
 from squall.cluster.netdev import LoopbackMeter, NetDevError, parse_net_dev
 from squall.cluster.stacks import HostProcess, rank_pid
+from squall.experiment.matrix import MatrixError, load_matrix_file
 from squall.programs.node_runs import split_node_run
 from squall.programs.result import ProgramResult, result_json
 from squall.programs.spec import MAX_NPROC, ProgramError, program_from_args, program_from_mapping
@@ -176,3 +177,39 @@ def test_a_local_ranks_process_is_found_by_its_local_rank() -> None:
     assert rank_pid(procs, 1, 2) == 31
     assert rank_pid(procs, 1, 2, local_rank=1) == 32
     assert rank_pid(procs, 1, 2, local_rank=2) is None
+
+
+# -- matrices -------------------------------------------------------------------------------------------
+def _matrix_file(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "t.py").write_text("")
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_matrix_run_gives_its_ranks_per_node_to_programs_that_set_none(tmp_path: Path) -> None:
+    path = _matrix_file(tmp_path, """
+programs:
+  - {name: a, command: [python, t.py]}
+  - {name: b, command: [python, t.py], nproc_per_node: 1}
+profiles: [lan]
+workers: [2]
+run: {seconds: 5, nproc_per_node: 2}
+""")
+    spec = load_matrix_file(path, known_protocols=["ring"])
+    assert [p.nproc_per_node for p in spec.matrix.programs] == [2, 1]
+    assert "nproc_per_node" not in spec.run and spec.nproc_per_node == 2
+    assert spec.matrix.ids() == ["a-lan-w2x2", "b-lan-w2"]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("protocols: [ring]\nprofiles: [lan]\nworkers: [2]\nrun: {nproc_per_node: 2}\n",
+     "run: nproc_per_node: only programs run several ranks per node"),
+    ("programs: [{command: [python, t.py]}]\nprofiles: [lan]\nworkers: [2]\nrun: {nproc_per_node: 0}\n",
+     "m.yaml: run: nproc_per_node: ranks per node must be an integer in 1..64, got 0"),
+    ("programs: [{command: [python, t.py], nproc_per_node: two}]\nprofiles: [lan]\nworkers: [2]\n",
+     r"programs\[0\]: nproc_per_node: ranks per node must be an integer"),
+])
+def test_a_matrix_with_nonsense_ranks_per_node_is_refused_naming_the_key(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(MatrixError, match=says):
+        load_matrix_file(_matrix_file(tmp_path, text), known_protocols=["ring"])
