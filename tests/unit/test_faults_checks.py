@@ -4,6 +4,8 @@ records' round trip through results.json."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pytest
 import torch
 
@@ -90,9 +92,13 @@ def test_the_default_threshold_leaves_short_runs_to_their_budget() -> None:
     assert default_after(600.0) == DEFAULT_AFTER_S
 
 
-def _trace(rows: list[tuple[int, float, dict[str, float | str]]], *, meta: RunMeta | None = None,
+def _trace(rows: Sequence[tuple[int, float, Mapping[str, float | str]]], *, meta: RunMeta | None = None,
            workers: int = 3, survivors: tuple[int, ...] = ()) -> RunTrace:
-    records = tuple(StepRecord(worker=w, step=k, t=t, loss=f.get("loss") if isinstance(f.get("loss"), float) else None,
+    def loss(f: Mapping[str, float | str]) -> float | None:
+        value = f.get("loss")
+        return value if isinstance(value, float) else None
+
+    records = tuple(StepRecord(worker=w, step=k, t=t, loss=loss(f),
                                extra={n: v for n, v in f.items() if isinstance(v, float) and n != "loss"},
                                texts={n: v for n, v in f.items() if isinstance(v, str)})
                     for k, (w, t, f) in enumerate(rows))

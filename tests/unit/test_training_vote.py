@@ -10,7 +10,7 @@ from squall.training.vote import Decision, TransportVote, local_vote
 from squall.transport import inproc_mesh
 
 
-async def _decide(spent: list[bool], reached: list[bool]) -> list[bool]:
+async def _decide(spent: list[bool], reached: list[bool]) -> list[Decision]:
     transports = inproc_mesh(len(spent))
     for t in transports:
         await t.start()

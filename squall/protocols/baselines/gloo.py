@@ -41,6 +41,7 @@ from squall.training.loop import train as train_loop
 from squall.training.optim import Sgd
 from squall.training.options import NoOptions, read_options
 from squall.training.timing import bus_factor, median_of, timing_row
+from squall.training.vote import Decision
 from squall.transport import PeerCounters
 
 DEFAULT_PORT = 29510
@@ -120,14 +121,15 @@ class GlooReducer:
         return self.counters.copy()
 
 
-async def gloo_vote(step: int, flag: bool, *, reached: bool = False) -> bool:
+async def gloo_vote(step: int, flag: bool, *, reached: bool = False, soon: bool = False) -> Decision:
     """Stop agreement: any rank's spent budget, or every rank's target, by one all-reduce MAX.
 
-    ``[flag, not reached]`` MAX-reduced gives (any spent, any short of the target).
+    ``[flag, not reached, soon]`` MAX-reduced gives (any spent, any short of the target, any
+    rank whose budget runs out before the next regular vote).
     """
-    ballot = torch.tensor([int(flag), int(not reached)], dtype=torch.int32)
+    ballot = torch.tensor([int(flag), int(not reached), int(soon)], dtype=torch.int32)
     dist.all_reduce(ballot, op=dist.ReduceOp.MAX)
-    return bool(ballot[0]) or not bool(ballot[1])
+    return Decision(bool(ballot[0]) or not bool(ballot[1]), bool(ballot[2]))
 
 
 @dataclass(frozen=True)

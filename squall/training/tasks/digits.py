@@ -2,8 +2,9 @@
 
 The data ships inside scikit-learn (the file behind ``sklearn.datasets.load_digits``), so nothing is
 downloaded; it is read straight from that file (:func:`digits_file`), without importing scikit-learn,
-whose imports (scipy, its docstrings) cost seconds of every job's start. Pixels (0..16) are scaled to [0, 1]. The test split is fixed (a stratified 25 %, seeded by a
-constant, independent of the run's seed) so accuracies of different runs are comparable.
+whose imports (scipy, its docstrings) cost seconds of every job's start. Pixels (0..16) are
+scaled to [0, 1]. The test split is fixed (a stratified 25 %, seeded by a constant, independent
+of the run's seed) so accuracies of different runs are comparable.
 
 * :class:`DigitsLogReg`: multinomial logistic regression, 64 -> 10 (650 parameters).
 * :class:`DigitsMLP`: 64 -> hidden (ReLU) -> 10 (9 610 parameters with 128 hidden units).
