@@ -31,6 +31,7 @@ from squall.checks.measures import BYTES_SENT, BYTES_TO_TARGET, FINAL, STEP_INTE
 from squall.cluster.preflight import preflight
 from squall.cluster.spec import ENGINES, LOCAL, MAX_WORKERS, select_engine
 from squall.experiment.comparison import (
+    DEFAULT_RUNS,
     DEFAULT_TOLERANCE,
     ComparePlan,
     CompareResult,
@@ -52,7 +53,6 @@ from squall.report import provenance
 from squall.report.comparison import write_comparison
 from squall.target import Target
 
-DEFAULT_RUNS = 5
 MEASURES = (TIME_TO_TARGET, BYTES_TO_TARGET, BYTES_SENT, STEP_INTERVAL)
 DEFAULT_SECONDS = {"program": 60.0, "protocol": 20.0}
 
@@ -253,7 +253,7 @@ def add_subparser(sub: Any) -> None:
                    help="commands: K ranks in each worker container, as torchrun's --nproc-per-node")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, help=f"runs per side per profile (default {DEFAULT_RUNS})")
     p.add_argument("--max-runs", type=int, help="keep adding pairs past --runs, up to this many, until every gating "
-                                                "measure is decided")
+                                                "measure is decided (default twice --runs; --runs: exactly --runs)")
     p.add_argument("--seconds", type=float, help="each run's budget (default 60 for a command, 20 for a protocol)")
     p.add_argument("--seed", type=int, default=0, help="pair k runs with seed + k on both sides (SQUALL_SEED)")
     p.add_argument("--metric", action="append", metavar="NAME=REGEX", help="a command's figure read from stdout, "

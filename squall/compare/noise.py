@@ -48,6 +48,10 @@ STALL_SIGMAS = 4.0
 MIN_SCALE = 0.01
 
 
+#: The kinds of measured sets: A/A pairs run by squall compare (the model's source), or separate runs.
+KINDS = ("compare-pairs", "separate-runs")
+
+
 class NoiseError(ValueError):
     """Measured runs a model cannot be fitted to; the message says which and why."""
 
@@ -75,6 +79,7 @@ class NoiseModel:
     order_shift: float  # mean log-ratio second/first run of an A/A pair
     n_runs: int  # runs the model was fitted to
     n_pairs: int  # A/A pairs with no stall that gave sigma
+    measured: str = ""  # the measured set (noise_model.json) it was fitted to; "" for a model made by hand
 
     def __post_init__(self) -> None:
         for name in ("median_s", "sigma", "drift", "tail_p", "tail_mean", "censor_p", "fail_p"):
@@ -87,7 +92,7 @@ class NoiseModel:
             raise NoiseError(f"noise model of {self.profile}: tail_p + censor_p + fail_p exceed 1")
 
 
-def fit_noise_model(profile: str, runs: Sequence[Run]) -> NoiseModel:
+def fit_noise_model(profile: str, runs: Sequence[Run], *, measured: str = "") -> NoiseModel:
     """The model of ``runs`` (one profile's, in the order they ran; consecutive runs are A/A pairs)."""
     if len(runs) < 4:
         raise NoiseError(f"{profile}: {len(runs)} runs; allowed: at least 4 (two A/A pairs)")
@@ -113,7 +118,7 @@ def fit_noise_model(profile: str, runs: Sequence[Run]) -> NoiseModel:
     median_s = math.exp(float(np.median(plain_logs)))
     excess = [math.exp(x) - median_s for i, x in reached if i in stall]
     return NoiseModel(
-        profile=profile, median_s=median_s, sigma=sigma, drift=drift,
+        profile=profile, measured=measured, median_s=median_s, sigma=sigma, drift=drift,
         tail_p=len(stall) / len(runs), tail_mean=(float(np.mean(excess)) / median_s) if excess else 0.0,
         censor_p=sum(r.censored for r in runs) / len(runs), fail_p=sum(r.seconds is None for r in runs) / len(runs),
         order_shift=float(np.mean(diffs)) if len(diffs) else 0.0, n_runs=len(runs), n_pairs=len(diffs),
@@ -175,34 +180,57 @@ def simulate(model: NoiseModel, rng: np.random.Generator, *, comparisons: int, p
     return Simulated(b, b_cens, c, c_cens)
 
 
-def runs_of(data: Mapping[str, Any], where: str = "noise data") -> dict[str, list[Run]]:
-    """The measured runs in ``data`` (``noise_model.json``'s object), profile by profile, in the order they ran.
+def runs_of(data: Mapping[str, Any], where: str = "noise data") -> dict[str, dict[str, list[Run]]]:
+    """The measured runs in ``data`` (``noise_model.json``'s object): set by set, profile by profile, in
+    the order they ran.
 
-    Each profile's ``runs`` is a list of rows with ``outcome`` (``reached``, ``censored`` or ``failed``)
-    and ``time_to_target_s`` (the time, or for a censored run its budget in ``budget_s``).
+    ``data["sets"]`` is a list of sets, each with a ``name``, a ``kind`` (``compare-pairs``: A/A pairs
+    run by squall compare; ``separate-runs``: runs each on a fresh cluster) and ``profiles``: for each
+    profile a ``runs`` list of rows with ``outcome`` (``reached``, ``censored`` or ``failed``) and
+    ``time_to_target_s`` (for a censored run, its budget in ``budget_s``).
     """
-    profiles = data.get("profiles")
-    if not isinstance(profiles, Mapping) or not profiles:
-        raise NoiseError(f"{where}: no 'profiles' object; allowed: {{profile: {{runs: [...]}}}}")
-    out: dict[str, list[Run]] = {}
-    for profile, entry in profiles.items():
-        rows = entry.get("runs") if isinstance(entry, Mapping) else None
-        if not isinstance(rows, list):
-            raise NoiseError(f"{where}: profile {profile!r} has no 'runs' list")
-        runs = []
-        for i, row in enumerate(rows):
-            outcome = row.get("outcome") if isinstance(row, Mapping) else None
-            if outcome == "reached":
-                runs.append(Run(_seconds(row.get("time_to_target_s"), f"{where}: {profile} run {i + 1}")))
-            elif outcome == "censored":
-                runs.append(Run(_seconds(row.get("budget_s"), f"{where}: {profile} run {i + 1}"), censored=True))
-            elif outcome == "failed":
-                runs.append(Run(None))
-            else:
-                raise NoiseError(f"{where}: {profile} run {i + 1} has outcome {outcome!r}; allowed: reached, "
-                                 "censored or failed")
-        out[str(profile)] = runs
+    sets = data.get("sets")
+    if not isinstance(sets, list) or not sets:
+        raise NoiseError(f"{where}: no 'sets' list; allowed: [{{name, kind, profiles: {{profile: {{runs}}}}}}]")
+    out: dict[str, dict[str, list[Run]]] = {}
+    for n, entry in enumerate(sets):
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or not name or name in out:
+            raise NoiseError(f"{where}: set {n + 1} has name {name!r}; allowed: a name no other set has")
+        if entry.get("kind") not in KINDS:
+            raise NoiseError(f"{where}: set {name} has kind {entry.get('kind')!r}; allowed: {', '.join(KINDS)}")
+        profiles = entry.get("profiles")
+        if not isinstance(profiles, Mapping) or not profiles:
+            raise NoiseError(f"{where}: set {name} has no 'profiles' object")
+        out[name] = {str(profile): _runs(rows.get("runs") if isinstance(rows, Mapping) else None,
+                                         f"{where}: {name} {profile}")
+                     for profile, rows in profiles.items()}
     return out
+
+
+def models_of(data: Mapping[str, Any], where: str = "noise data") -> list[NoiseModel]:
+    """A model for every profile of every ``compare-pairs`` set: the noise squall compare's own pairs had."""
+    kinds = {s["name"]: s["kind"] for s in data["sets"]} if isinstance(data.get("sets"), list) else {}
+    return [fit_noise_model(profile, runs, measured=name)
+            for name, profiles in runs_of(data, where).items() if kinds.get(name) == "compare-pairs"
+            for profile, runs in profiles.items()]
+
+
+def _runs(rows: object, where: str) -> list[Run]:
+    if not isinstance(rows, list):
+        raise NoiseError(f"{where}: no 'runs' list")
+    runs = []
+    for i, row in enumerate(rows):
+        outcome = row.get("outcome") if isinstance(row, Mapping) else None
+        if outcome == "reached":
+            runs.append(Run(_seconds(row.get("time_to_target_s"), f"{where} run {i + 1}")))
+        elif outcome == "censored":
+            runs.append(Run(_seconds(row.get("budget_s"), f"{where} run {i + 1}"), censored=True))
+        elif outcome == "failed":
+            runs.append(Run(None))
+        else:
+            raise NoiseError(f"{where} run {i + 1} has outcome {outcome!r}; allowed: reached, censored or failed")
+    return runs
 
 
 def _seconds(value: object, where: str) -> float:

@@ -236,11 +236,20 @@ def compare_samples(baseline: Sample, candidate: Sample, *, higher_is_better: bo
     Raises :class:`CompareError` for samples of different lengths, a value that is not positive, or a
     tolerance or confidence out of range.
     """
+    pairs = _checked_pairs(baseline, candidate, tolerance, confidence)
+    return _judge(pairs, len(baseline.values), higher_is_better=higher_is_better, tolerance=tolerance,
+                  confidence=confidence)
+
+
+def _checked_pairs(baseline: Sample, candidate: Sample, tolerance: float, confidence: float) -> _Pairs:
     _check_settings(len(baseline.values), len(candidate.values), tolerance, confidence)
     _positive("baseline", baseline)
     _positive("candidate", candidate)
-    pairs = _sort_pairs(baseline, candidate)
-    n = len(baseline.values)
+    return _sort_pairs(baseline, candidate)
+
+
+def _judge(pairs: _Pairs, n: int, *, higher_is_better: bool, tolerance: float, confidence: float) -> Comparison:
+    """The comparison of sorted pairs at one confidence level."""
     notes = _left_out(pairs)
     reason = _unknown_reason(pairs, n)
     if reason is not None:
@@ -312,18 +321,17 @@ def decided(baseline: Sample, candidate: Sample, *, higher_is_better: bool, tole
                            "allowed: the pairs run so far, the length of both samples")
     if max_runs < 1:
         raise CompareError(f"max_runs={max_runs}; allowed: at least 1")
+    pairs = _checked_pairs(baseline, candidate, tolerance, confidence)
     if looks_done >= max_runs:
         return True
-    early = compare_samples(baseline, candidate, higher_is_better=higher_is_better, tolerance=tolerance,
-                            confidence=EARLY_CONFIDENCE)
+    early = _judge(pairs, n, higher_is_better=higher_is_better, tolerance=tolerance, confidence=EARLY_CONFIDENCE)
     if early.verdict in ("worse", "better"):
         return True
-    if tolerance > 0:
-        now = compare_samples(baseline, candidate, higher_is_better=higher_is_better, tolerance=tolerance,
-                              confidence=confidence)
-        if now.verdict == "same" and now.ci_low is not None and now.ci_high is not None:
+    if tolerance > 0 and early.verdict == "same":
+        now = _judge(pairs, n, higher_is_better=higher_is_better, tolerance=tolerance, confidence=confidence)
+        if now.ci_low is not None and now.ci_high is not None:
             band = 1.0 + tolerance
             if 1.0 / band <= now.ci_low and now.ci_high <= band:
                 return True
-    usable_at_most = early.n_used + (max_runs - n)
+    usable_at_most = len(pairs.d) + (max_runs - n)
     return 2 * usable_at_most <= max_runs or usable_at_most < MIN_PAIRS

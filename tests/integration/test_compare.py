@@ -4,7 +4,8 @@ finds the commit of a small git repository that made the same script slower by a
 Each comparison's JSON is kept under results/compare-tests/.
 
 Runs are 2 workers and 40 steps of the example: small enough that a comparison of 3-5 pairs takes one to two
-minutes here, long enough that a time to target is real traffic over the shaped links.
+minutes here, long enough that a time to target is real traffic over the shaped links. Each test fixes its
+pairs (``--max-runs`` = ``--runs``) so the suite's time does not depend on early stopping.
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_ddp_example_against_itself_is_the_same(project: Path) -> None:
     code, obj = compare("--baseline", "python train.py --steps 40", "--candidate", "python train.py --steps 40",
-                        "--profile", "lan", "--tolerance", "5%", cwd=project, name="a-a")
+                        "--profile", "lan", "--tolerance", "5%", "--max-runs", "5", cwd=project, name="a-a")
     ttt = measure(obj, "lan", "time_to_target_s")
     assert code == 0 and obj["regression"] is False, json.dumps(obj)[:3000]
     assert ttt["verdict"] == "same" and ttt["gating"] is True
-    assert len(ttt["baseline"]) == len(ttt["candidate"]) == 5  # the default runs, every one kept
+    assert len(ttt["baseline"]) == len(ttt["candidate"]) == 5  # the default runs (fixed here), every one kept
     assert ttt["ci_low"] <= ttt["ratio"] <= ttt["ci_high"]
     assert measure(obj, "lan", "final_loss")["verdict"] == "same"  # the same seed: the same losses
     # the program ran as nobody from a copy: the user's private folder was not opened to anyone
@@ -93,8 +94,8 @@ def test_ref_finds_a_commit_that_made_every_step_slower(tmp_path: Path) -> None:
     (repo / "train.py").write_text(source.replace("        optimizer.step()\n",
                                                   f"        optimizer.step()\n        time.sleep({DELAY_S})\n"))
     _git(repo, "commit", "-q", "-am", "a slower step")
-    code, obj = compare("--ref", "HEAD~1", "--profile", "lan", "--runs", "3", "--", "python", "train.py", "--steps",
-                        "40", cwd=repo, name="ref")
+    code, obj = compare("--ref", "HEAD~1", "--profile", "lan", "--runs", "3", "--max-runs", "3", "--", "python",
+                        "train.py", "--steps", "40", cwd=repo, name="ref")
     assert code == 1 and obj["regression"] is True, json.dumps(obj)[:3000]
     assert "HEAD~1" in obj["baseline"] and "as it is now" in obj["candidate"]
     ttt = measure(obj, "lan", "time_to_target_s")
@@ -106,7 +107,8 @@ def test_ref_finds_a_commit_that_made_every_step_slower(tmp_path: Path) -> None:
 def test_powersgd_against_ddp_on_two_profiles(project: Path) -> None:
     code, obj = compare("--baseline", "python train.py --steps 40 --hidden 256",
                         "--candidate", "python train.py --steps 40 --hidden 256 --hook powersgd",
-                        "--profile", "lan", "--profile", "thin-20mbit", "--runs", "3", "--gate", "bytes_sent",
+                        "--profile", "lan", "--profile", "thin-20mbit", "--runs", "3", "--max-runs", "3",
+                        "--gate", "bytes_sent",
                         cwd=project, name="powersgd")
     for profile in ("lan", "thin-20mbit"):
         sent = measure(obj, profile, "bytes_sent")
