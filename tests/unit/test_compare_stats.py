@@ -17,7 +17,7 @@ import pytest
 
 import squall.compare
 from squall.compare.noise import NoiseError, NoiseModel, Run, fit_noise_model, models_of, runs_of, simulate
-from squall.compare.power import runs_needed, verdict_rates
+from squall.compare.power import Rates, runs_needed, verdict_rates
 from squall.compare.stats import CompareError, Sample, compare_samples, decided
 from squall.experiment.comparison import DEFAULT_RUNS, DEFAULT_TOLERANCE
 
@@ -335,9 +335,11 @@ def test_the_default_design_keeps_both_rates(profile: str) -> None:
     """squall compare's default: 5 pairs, then one at a time up to 10 until decided, at the default tolerance.
     False alarms stay under the fixed design's bound and a 20 % slow-down is found, on every measured
     profile (a fixed 5 pairs misses it too often where loss makes times noisy: the next test)."""
-    design = {"pairs": DEFAULT_RUNS, "max_runs": 2 * DEFAULT_RUNS, "tolerance": DEFAULT_TOLERANCE}
-    same = verdict_rates(MODELS[profile], np.random.default_rng(43), comparisons=1500, **design)
-    slow = verdict_rates(MODELS[profile], np.random.default_rng(44), comparisons=1500, ratio=1.2, **design)
+    def rates(seed: int, ratio: float) -> Rates:
+        return verdict_rates(MODELS[profile], np.random.default_rng(seed), comparisons=1500, pairs=DEFAULT_RUNS,
+                             max_runs=2 * DEFAULT_RUNS, tolerance=DEFAULT_TOLERANCE, ratio=ratio)
+
+    same, slow = rates(43, 1.0), rates(44, 1.2)
     # 1500 comparisons: the design's 2.5 % + 5 x 0.05 % is 4.4 standard errors (0.42 points) below 4.5 %
     # (a seed fails it by chance with probability 6e-6); 84 % detection as above (its standard error
     # here 0.95 points).
