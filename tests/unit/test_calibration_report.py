@@ -115,6 +115,8 @@ def _no_containers(monkeypatch: pytest.MonkeyPatch) -> None:
     import squall.cluster.backend
 
     monkeypatch.setattr(squall.cluster.backend, "open_cluster", _NoCluster)  # what the command opens
+    # nor is the machine asked whether a run could start (tests/integration/test_preflight.py does that)
+    monkeypatch.setattr(cli_calibrate, "preflight", lambda backend, *, engine: None)
 
 
 @pytest.mark.parametrize("case", [
