@@ -2,8 +2,11 @@
 
     .venv/bin/python benchmarks/cluster.py --workers 4,8,16 --json results/bench-cluster.json
 
-Targets on a 2-core machine with the image built: 16 workers ready <= 15 s, dispatch overhead
-<= 0.5 s per job, idle container <= 150 MB. Memory is the container's cgroup usage without page
+Targets on a 2-core machine with the image built (issue 43): 16 workers ready <= 10 s and 4 <= 4 s,
+dispatch overhead no worse than 0.27 s per job, an idle container no larger than 150 MB. "Ready" is
+every agent answering with its preloads imported (torch and the protocols' code: a job is then a
+fork); ``first job`` is from the start to the end of the first empty job, what a run waits for.
+Memory is the container's cgroup usage without page
 cache (v1: ``rss``; v2: ``anon``), i.e. what one more idle worker costs; shared library pages of
 the image are counted in the page cache, shared by all containers, and not included.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from squall.cluster import Cluster, ClusterSpec
 
-TARGETS = {"ready_s@16": 15.0, "dispatch_s": 0.5, "idle_mb": 150.0}
+TARGETS = {"ready_s@16": 10.0, "ready_s@4": 4.0, "dispatch_s": 0.27, "idle_mb": 150.0}
 
 
 def measure(workers: int, dispatches: int) -> dict[str, Any]:
@@ -30,6 +33,7 @@ def measure(workers: int, dispatches: int) -> dict[str, Any]:
     ready = time.monotonic() - t0
     try:
         cluster.run_job("noop")  # warm-up
+        first_job = time.monotonic() - t0
         times = []
         for _ in range(dispatches):
             t = time.monotonic()
@@ -41,7 +45,8 @@ def measure(workers: int, dispatches: int) -> dict[str, Any]:
         t = time.monotonic()
         cluster.close()
         teardown = time.monotonic() - t
-    return {"workers": workers, "ready_s": ready, "dispatch_s_median": statistics.median(times),
+    return {"workers": workers, "ready_s": ready, "first_job_s": first_job,
+            "dispatch_s_median": statistics.median(times),
             "dispatch_s_max": max(times), "teardown_s": teardown, "idle_mb_median": statistics.median(mems),
             "idle_mb_max": max(mems)}
 
@@ -54,14 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     rows = [measure(int(n), args.dispatches) for n in args.workers.split(",")]
-    header = f"{'workers':>7} {'ready s':>8} {'dispatch s (med/max)':>21} {'teardown s':>10} {'idle MB (med/max)':>18}"
+    header = (f"{'workers':>7} {'ready s':>8} {'first job s':>11} {'dispatch s (med/max)':>21} {'teardown s':>10} "
+              f"{'idle MB (med/max)':>18}")
     print(header)
     for r in rows:
-        print(f"{r['workers']:>7} {r['ready_s']:>8.2f} {r['dispatch_s_median']:>10.3f} / {r['dispatch_s_max']:<8.3f} "
+        print(f"{r['workers']:>7} {r['ready_s']:>8.2f} {r['first_job_s']:>11.2f} "
+              f"{r['dispatch_s_median']:>10.3f} / {r['dispatch_s_max']:<8.3f} "
               f"{r['teardown_s']:>10.2f} {r['idle_mb_median']:>8.1f} / {r['idle_mb_max']:<7.1f}")
     verdicts = {
-        "ready_16_le_15s": next((r["ready_s"] <= TARGETS["ready_s@16"] for r in rows if r["workers"] == 16), None),
-        "dispatch_le_0.5s": all(r["dispatch_s_median"] <= TARGETS["dispatch_s"] for r in rows),
+        "ready_16_le_10s": next((r["ready_s"] <= TARGETS["ready_s@16"] for r in rows if r["workers"] == 16), None),
+        "ready_4_le_4s": next((r["ready_s"] <= TARGETS["ready_s@4"] for r in rows if r["workers"] == 4), None),
+        "dispatch_le_0.27s": all(r["dispatch_s_median"] <= TARGETS["dispatch_s"] for r in rows),
         "idle_le_150mb": all(r["idle_mb_max"] <= TARGETS["idle_mb"] for r in rows),
     }
     print("targets:", ", ".join(f"{k}={'met' if v else 'MISSED' if v is not None else 'n/a'}"
