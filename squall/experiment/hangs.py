@@ -1,6 +1,6 @@
 """Hang detection beside the counter sampler: a run in which nothing moves is stopped, every rank's stack kept.
 
-"No progress" needs two witnesses (DESIGN.md section 12): no rank printed a line (the files the
+"No progress" needs two witnesses: no rank printed a line (the files the
 workload names, stdout and stderr of a program's ranks or a protocol's metrics, stop growing: their
 modification times) **and** the links carried no more than a trickle (:data:`TRICKLE_BPS` summed over
 every directed link, from the kernel counters the driver reads each second: heartbeats and TCP
