@@ -76,7 +76,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
     if workers < 2:
         raise ValueError(f"calibration needs at least 2 workers (it measures the links between them), got {workers}")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    prof.validate_for(workers)
+    prof.runnable_for(workers)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or none")
     state = shaping.state_at(prof, workers, at)

@@ -136,7 +136,7 @@ def _plan(args: argparse.Namespace, base: Side, cand: Side, kind: str) -> Compar
         if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
             raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
                              f"{MAX_WORKERS[LOCAL]} workers, got {args.workers}")
-        profile.validate_for(args.workers)
+        profile.runnable_for(args.workers)
     target = None
     if args.target:
         target = base.program.target if base.program is not None else Target.parse(args.target)

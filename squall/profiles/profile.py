@@ -22,7 +22,7 @@ from squall.profiles.churn import REFERENCE_RUN_S, ChurnPlan
 from squall.profiles.devices import DeviceModel
 from squall.profiles.errors import Origin
 from squall.profiles.link_traces import Trace
-from squall.profiles.links import OWN_NAT, LinkPatch, LinkRules
+from squall.profiles.links import NAT_KEY, OWN_NAT, LinkPatch, LinkRules
 from squall.profiles.model import ChurnEvent, DeviceSpec, LinkSpec, NodeLinkSpec
 from squall.profiles.regions import RegionSet
 from squall.profiles.resolve import Resolver, check_link, check_node_rules
@@ -195,6 +195,23 @@ class Profile:
         """The cluster sizes to validate: the smallest the profile can be used at, then ``defaults`` above it."""
         smallest = self.required_workers()
         return [smallest, *sorted(n for n in set(defaults) if n > smallest)]
+
+    def runnable_for(self, n: int, *, duration_s: float = REFERENCE_RUN_S) -> list[str]:
+        """:meth:`validate_for`, and what this version of Squall cannot run yet: ``nat`` is read and
+        checked, but no cluster puts a node behind a NAT, so a run refuses it (ProfileError naming the
+        entry) rather than give that node a reachable address and call the run NAT'd."""
+        warnings = self.validate_for(n, duration_s=duration_s)
+        self.refuse_nat()
+        return warnings
+
+    def refuse_nat(self) -> None:
+        """Raise ProfileError at the first ``links.nodes`` entry with ``nat``: not realised by the clusters."""
+        for rule in self.base.nodes:
+            if rule.nat is not None:
+                raise rule.origin.at(NAT_KEY).error(
+                    "this version of Squall does not put nodes behind NAT in its clusters (the node would be "
+                    "reachable by every peer)", value=rule.nat or True,
+                    allowed="no nat key in a profile that runs; 'squall profiles validate' checks it")
 
     def validate_for(self, n: int, *, duration_s: float = REFERENCE_RUN_S) -> list[str]:
         """Check everything that depends on n (random churn for a run of ``duration_s``); raise ProfileError,

@@ -8,6 +8,7 @@ import pytest
 
 from squall.profiles import NodeLinkSpec, ProfileError, load_profile, parse_profile
 from squall.profiles.link_traces import ACCESS_COLUMNS, parse_trace
+from squall.shaping.planning.state import state_at
 
 ACCESS_CSV = "time,uplink,downlink\n0s,10mbit,50mbit\n1s,5mbit,40mbit\n2.5s,20mbit,100mbit\n"
 
@@ -136,3 +137,15 @@ def test_every_node_behind_nat_in_several_sites_is_warned_about() -> None:
     warnings = parse_profile(_nat("    - {nodes: all, nat: true}\n")).validate_for(3)
     assert len(warnings) == 1 and "every node of 3 is behind NAT, in 3 sites" in warnings[0]
     assert parse_profile(_nat("    - {nodes: all, nat: one}\n")).validate_for(3) == []
+
+
+def test_a_run_refuses_nat_which_no_cluster_realises_yet() -> None:
+    """``nat`` is read and checked (above), but a run would leave the node reachable: every run path refuses."""
+    profile = parse_profile(_nat("    - {nodes: 0, uplink: 5mbit}\n    - {nodes: odd, nat: true}\n"))
+    assert profile.validate_for(4) == []  # squall profiles validate accepts it
+    with pytest.raises(ProfileError) as err:
+        profile.runnable_for(4)
+    assert err.value.key == "links.nodes[1].nat" and "does not put nodes behind NAT" in err.value.problem
+    with pytest.raises(ProfileError):
+        state_at(profile, 4, 0.0)  # where every run plans its links
+    parse_profile(_nat("    - {nodes: 0, uplink: 5mbit}\n")).runnable_for(4)  # no nat: runs

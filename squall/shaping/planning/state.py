@@ -33,6 +33,7 @@ def state_at(profile: Profile, n: int, at: float) -> LinkState:
         raise ValueError(f"a cluster needs at least one node, got n={n}")
     if not math.isfinite(at) or at < 0:
         raise ValueError(f"'at' must be a finite time >= 0, got {at!r}")
+    profile.refuse_nat()  # every run plans its links here: NAT is not realised, never silently ignored
     links = profile.links(n, at)
     caps = {node: profile.node_link(node, n, at) for node in range(n)}
     node_links = {node: spec for node, spec in caps.items() if spec != NodeLinkSpec()}
