@@ -164,7 +164,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 with display.ticking("calibrating", expected=expected):
                     report = calibrate(profile, workers=workers, backend=args.backend, pairs=args.pairs,
                                        quick=args.quick, at=args.at, cluster=cluster, policy=HOST)
-                span = changing_span(profile) if args.at == 0 and args.pairs is None else None
+                span = changing_span(profile) if args.at == 0 else None
                 segments = None
                 if span is not None:
                     with display.ticking("judging every segment", expected=f"the first {span:g} s of the timeline"):

@@ -103,7 +103,7 @@ def test_moshpit_sgd_under_preemptible_reaches_the_target_and_a_restarted_peer_r
     marks = {c.kind: c for c in trace.churn if 5 in c.nodes}
     kills = [c for c in trace.churn if c.kind == "kill"]
     assert [n for c in kills for n in c.nodes] == KILLED, trace.churn  # the seeded timeline
-    assert trace.meta.rejoined == RESTARTED, trace.meta.failures
+    assert list(trace.meta.rejoined) == RESTARTED, trace.meta.failures
     assert set(trace.survivors) == set(range(WORKERS)), trace.meta.failures  # node 5's second run too
     verdict = converged(trace, Target("accuracy", ACCURACY))  # every surviving worker, node 5 included
     assert verdict.passed, verdict.why
