@@ -42,6 +42,8 @@ import yaml
 
 from squall.cluster.image import DEFAULT_TORCH_INDEX, answers
 
+from .source_copy import source_copy
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "ci.md"
 EXAMPLE = REPO / "docs" / "examples" / "myproto"
@@ -91,13 +93,7 @@ def test_every_run_step_of_the_page_is_known_here() -> None:
 
 def _repository_of_the_working_tree(dest: Path) -> str:
     """A git repository (branch ``main``) holding the working tree's tracked and new files, nothing ignored."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
+    source_copy(dest)
     git = ["git", "-C", str(dest), "-c", "user.name=test", "-c", "user.email=test@invalid"]
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "working tree"]):
         subprocess.run([*git, *args], check=True, capture_output=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,19 +17,9 @@ from pathlib import Path
 
 from squall import assets
 
+from .source_copy import source_copy
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _source_copy(dest: Path) -> Path:
-    """The working tree's tracked and new files (what a clean checkout would hold), nothing ignored."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                            check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
 
 
 def _makefile_wheel_command() -> list[str]:
@@ -44,7 +33,7 @@ def _makefile_wheel_command() -> list[str]:
 
 
 def test_make_wheel_builds_one_package_with_its_assets(tmp_path: Path) -> None:
-    src = _source_copy(tmp_path / "src")
+    src = source_copy(tmp_path / "src")
     command = _makefile_wheel_command()
     proc = subprocess.run(command, cwd=src, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
