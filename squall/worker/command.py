@@ -232,13 +232,18 @@ def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_command(ctx: JobContext) -> dict[str, Any]:
-    """Entry point of the ``command`` job (see the module docstring)."""
+def read_config(ctx: JobContext) -> CommandConfig:
+    """The job's command configuration; a bad one is written to ``program.json`` as an error, then raised."""
     try:
-        config = CommandConfig.from_json(ctx.config)
+        return CommandConfig.from_json(ctx.config)
     except CommandError as exc:
         _write_json(ctx.out_dir / "program.json", {"state": "error", "exit_code": None, "error": str(exc)})
         raise
+
+
+def run_command(ctx: JobContext) -> dict[str, Any]:
+    """Entry point of the ``command`` job (see the module docstring)."""
+    config = read_config(ctx)
     drop = os.geteuid() == 0
     summary: dict[str, Any] = {"argv": list(config.argv), "rank": ctx.rank, "restart": config.restart,
                                "user": "nobody" if drop else str(os.geteuid())}

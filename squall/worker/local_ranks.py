@@ -61,6 +61,7 @@ from squall.worker.command import (
     _signal_group,
     _write_json,
     program_environment,
+    read_config,
     reap_user,
     resolve_argv,
     run_command,
@@ -133,11 +134,7 @@ def run_program(ctx: JobContext) -> dict[str, Any]:
 
 def run_local_ranks(ctx: JobContext, nproc: int) -> dict[str, Any]:
     """Start ``nproc`` ranks of the program here, watch them, stop them as torchrun would (see the module)."""
-    try:
-        config = CommandConfig.from_json(ctx.config)
-    except CommandError as exc:
-        _write_json(ctx.out_dir / "program.json", {"state": "error", "exit_code": None, "error": str(exc)})
-        raise
+    config = read_config(ctx)
     drop = os.geteuid() == 0
     user = "nobody" if drop else str(os.geteuid())
     started = time.monotonic()
