@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from squall.checks.agreement import agree_verdict
 from squall.checks.verdict import Verdict
-from squall.run_meta import RunMeta
+from squall.run_meta import RankRun, RunMeta
 
 CHECK = "hang"
 
@@ -34,13 +34,30 @@ def run_verdicts(meta: RunMeta) -> tuple[Verdict, ...]:
     return tuple(v for v in (hang_verdict(meta), agree_verdict(meta.agreement)) if v is not None)
 
 
+def crash(run: RankRun) -> str:
+    """``rank 2 (exit code 1): AssertionError``: the failed run and the last line of its stderr."""
+    again = f", restart {run.restart}" if run.restart else ""
+    code = f"exit code {run.exit_code}" if run.state == "exited" else run.state
+    last = run.stderr_tail[-1].strip()[:160] if run.stderr_tail else "no stderr"
+    return f"rank {run.rank} ({code}{again}): {last}"
+
+
 def outcome(meta: RunMeta, failures: Sequence[str] = ()) -> str:
-    """One phrase for a run under faults (see the module docstring); ``failures`` are the failed ranks' lines."""
+    """One phrase for a run under faults (see the module docstring).
+
+    ``failures`` describe the failed ranks; by default they are read from the program's runs in ``meta``
+    (the first to end first).
+    """
     if meta.hang is not None:
         blocked = sorted({s.blocked_in.split(" (")[0] for s in meta.stacks if s.why == "hung" and s.blocked_in})
         return "hung" + (f" (blocked in {', '.join(blocked)})" if blocked else "")
+    if not failures and meta.program is not None:
+        failed = sorted((r for r in meta.program.runs if r.failed),
+                        key=lambda r: (r.ended_s if r.ended_s is not None else float("inf"), r.rank))
+        failures = [crash(r) for r in failed]
     if failures:
-        return f"crashed ({failures[0][:160]})"
+        more = f"; {len(failures) - 1} more" if len(failures) > 1 else ""
+        return f"crashed ({failures[0][:200]}{more})"
     odd = [a for a in meta.agreement if a.passed is False]
     if odd:
         return f"diverged ({odd[0].figure}: ranks {list(odd[0].odd)})"

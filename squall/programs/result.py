@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.checks.convergence import bytes_to_target, rank_time_to_target, time_to_target
+from squall.checks.liveness import outcome
 from squall.checks.verdict import Verdict
 from squall.programs.verdict import RankRun, last_runs
 from squall.run_meta import Agreement, FaultEvent, Hang, NodeBytes, RankStack
@@ -80,6 +81,7 @@ def result_json(trace: RunTrace, verdict: Verdict, *, target: Target | None,
         "backend": trace.backend,
         "workers": trace.nodes,
         "nproc_per_node": trace.meta.nproc_per_node,
+        "outcome": outcome(trace.meta),
         "hung": trace.meta.hang is not None,
         "hang": trace.meta.hang.to_json() if trace.meta.hang is not None else None,
         "ranks": [{"rank": r, "exit_code": run.exit_code, "state": run.state, "restarts": restarts[r],
@@ -146,6 +148,11 @@ class ProgramResult:
     def faults(self) -> tuple[FaultEvent, ...]:
         """Every fault the run went through, with when the ranks made progress again."""
         return self.trace.meta.faults
+
+    @property
+    def outcome(self) -> str:
+        """How the run fared under its faults: hung, crashed, diverged, survived, recovered after X s."""
+        return outcome(self.trace.meta)
 
     @property
     def metrics(self) -> dict[str, list[dict[str, Any]]]:

@@ -16,7 +16,7 @@ from squall.checks.recovery import fault_events, fault_windows
 from squall.cluster.stacks import HostProcess, parse_dump, rank_pid
 from squall.experiment.hangs import DEFAULT_AFTER_S, default_after, quiet_since
 from squall.programs.lines import MetricPattern
-from squall.run_meta import Agreement, FaultEvent, Hang, RankStack, RunMeta
+from squall.run_meta import Agreement, FaultEvent, Hang, ProgramMeta, RankRun, RankStack, RunMeta
 from squall.run_trace import RunTrace, StepRecord, step_records, trace_from_json, trace_to_json
 
 DUMP = """Process 4242: python train.py
@@ -203,6 +203,11 @@ def test_outcome_says_hung_crashed_diverged_or_what_the_faults_did() -> None:
     stack = RankStack(1, 0, "hung", 42.0, "wait (x.py:3)", 2, "", "...")
     assert outcome(RunMeta(hang=hang, stacks=(stack,))) == "hung (blocked in wait)"
     assert outcome(RunMeta(), ["rank 2 exited with exit code 1"]).startswith("crashed (rank 2")
+    runs = (RankRun(0, 0, "budget", None, 9.0, ("going on",)),
+            RankRun(2, 0, "exited", 1, 5.0, ("Traceback", "  assert fut._fut", "AssertionError"), ended_s=44.0),
+            RankRun(3, 0, "exited", 1, 5.0, ("AssertionError",), ended_s=44.5))
+    crashed = outcome(RunMeta(program=ProgramMeta({}, runs), faults=(FaultEvent("kill", (1,), 40.0, 50.0, None),)))
+    assert crashed == "crashed (rank 2 (exit code 1): AssertionError; 1 more)"
     odd = Agreement("params", 0.0, ((0, "a"), (1, "b")), (1,), False, "")
     assert outcome(RunMeta(agreement=(odd,))) == "diverged (params: ranks [1])"
     slow = FaultEvent("pause", (1,), 5.0, 25.0, 3.25, False)
