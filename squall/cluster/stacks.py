@@ -214,8 +214,23 @@ def dump_stack(init_pid: int, depth: int, *, subprocesses: bool = True, local_ra
         return StackResult("", f"py-spy did not answer within {DUMP_TIMEOUT_S:g} s (host pid {pid})", pid)
     except OSError as exc:
         return StackResult("", f"cannot run {binary}: {exc}", pid)
-    if done.returncode != 0 or not done.stdout.strip():
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        return StackResult("", f"py-spy could not dump host pid {pid} (exit {done.returncode}): "
-                               f"{' | '.join(said[-3:]) or 'no output'}", pid)
-    return StackResult(done.stdout, "", pid)
+    return read_dump(pid, done.returncode, done.stdout, done.stderr)
+
+
+def read_dump(pid: int, returncode: int, stdout: str, stderr: str) -> StackResult:
+    """What one ``py-spy dump`` said (pure).
+
+    With ``--subprocesses`` py-spy prints the rank's threads and then fails on a child that is not
+    Python (hivemind's libp2p daemon, a shell): its exit code is 1 but the rank's dump is whole, so a
+    dump of at least one thread is kept, with py-spy's error after it. The error named is py-spy's
+    ``Error:`` line, else the last lines it wrote (not its Rust backtrace).
+    """
+    said = [line for line in (stderr + "\n" + stdout).splitlines() if line.strip()]
+    errors = [line.strip() for line in said if line.startswith("Error:")]
+    reason = errors[0] if errors else " | ".join(line.strip() for line in said[-3:]) or "no output"
+    dumped = stdout.split("\n-----", 1)[0]  # the rank's own process comes first
+    if "Thread " in dumped and "(" in dumped:
+        if returncode == 0:
+            return StackResult(stdout, "", pid)
+        return StackResult(f"{stdout.rstrip()}\n\n(py-spy exit {returncode} after this dump: {reason})\n", "", pid)
+    return StackResult("", f"py-spy could not dump host pid {pid} (exit {returncode}): {reason}", pid)

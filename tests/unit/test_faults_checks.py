@@ -13,7 +13,7 @@ import squall
 from squall.checks.agreement import Agree, AgreeError, agree_verdict, agreement, check_names
 from squall.checks.liveness import hang_verdict, outcome
 from squall.checks.recovery import fault_events, fault_windows
-from squall.cluster.stacks import HostProcess, parse_dump, rank_pid
+from squall.cluster.stacks import HostProcess, parse_dump, rank_pid, read_dump
 from squall.experiment.hangs import DEFAULT_AFTER_S, default_after, quiet_since
 from squall.programs.lines import MetricPattern
 from squall.run_meta import Agreement, FaultEvent, Hang, ProgramMeta, RankRun, RankStack, RunMeta
@@ -251,3 +251,19 @@ def test_fingerprint_is_equal_for_equal_parameters_only() -> None:
     assert len(squall.fingerprint(b"bytes", digits=8)) == 8
     with pytest.raises(TypeError, match="cannot hash"):
         squall.fingerprint(object())
+
+
+def test_a_dump_py_spy_printed_before_failing_on_a_child_that_is_not_python_is_kept() -> None:
+    dump = ("Process 7: python peer.py\nPython v3.11.2 (/usr/bin/python3.11)\n\n"
+            'Thread 1 (active): "MainThread"\n    wait (threading.py:320)\n    main (peer.py:80)\n'
+            "\n" + "-" * 80 + "\n")
+    backtrace = ("Error: Failed to find python version from target process\n\nStack backtrace:\n"
+                 "   0: anyhow::error::<impl anyhow::Error>::msg\n   9: std::rt::lang_start::{{closure}}\n  11: main\n")
+    kept = read_dump(7, 1, dump, backtrace)
+    assert kept.error == "" and kept.text.startswith("Process 7") and "main (peer.py:80)" in kept.text
+    assert "(py-spy exit 1 after this dump: Error: Failed to find python version" in kept.text
+    failed = read_dump(7, 1, "", backtrace)
+    assert failed.text == "" and failed.error == (
+        "py-spy could not dump host pid 7 (exit 1): Error: Failed to find python version from target process")
+    assert read_dump(7, 1, "", "Permission denied\n").error.endswith("(exit 1): Permission denied")
+    assert read_dump(7, 0, dump, "").text == dump
