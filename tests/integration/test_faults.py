@@ -43,6 +43,7 @@ def test_a_rank_stuck_in_its_own_function_is_stopped_as_hung_with_its_stack(
     assert [squall_program.run(r).state for r in (0, 1)] == ["hung", "hung"]
     out = squall_program.json
     assert out["hung"] is True and "wait_for_the_checkpoint_lock" in out["ranks"][1]["stack"]
+    assert squall_program.outcome.startswith("hung (blocked in ") and "wait_for_the_checkpoint_lock" in out["outcome"]
 
 
 @pytest.mark.squall(command=[*SCRIPT, "diverge", "--rank", "1", "--steps", "10"], workdir="faults", metrics=STEP,
@@ -77,6 +78,7 @@ def test_a_paused_rank_is_reported_with_the_time_to_recover(squall_program: Prog
     assert pause.recovered_after_s is not None and 0 < pause.recovered_after_s < 5.0, pause
     assert not pause.progressed  # DDP's other rank waits in its all-reduce for the paused one
     assert pause.outcome.startswith("recovered after")
+    assert squall_program.outcome == squall_program.json["outcome"] == pause.outcome  # the only fault decides
     (row,) = squall_program.json["faults"]
     assert row["kind"] == "pause" and row["nodes"] == [1] and row["recovered_after_s"] == pause.recovered_after_s
 
