@@ -37,7 +37,7 @@ def replica(index: int, lighthouse: str) -> None:
     timeout = timedelta(seconds=10)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, timeout=timeout,
-        load_state_dict=lambda state: model.load_state_dict(state), state_dict=model.state_dict,
+        load_state_dict=model.load_state_dict, state_dict=model.state_dict,
         replica_id=f"replica{index}", lighthouse_addr=lighthouse, hostname="localhost", store_addr="localhost",
         store_port=store.port, rank=0, world_size=1,
     )
