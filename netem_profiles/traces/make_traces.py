@@ -6,7 +6,7 @@ number, so the same script writes the same bytes on any machine; ``tests/unit/te
 regenerates them and compares.
 
 A trace is a CSV file: a header naming the columns (``time`` and some of ``delay``, ``jitter``,
-``rate``, ``loss``), then one row per step, values in the profiles' units; each row holds until the
+``rate``, ``loss`` for links, or ``uplink`` for a node's shared access link), then one row per step, values in the profiles' units; each row holds until the
 next. ``netem_profiles/README.md`` ("Measured profiles") says where every number below comes from
 and what is assumed; the constants here are those numbers.
 
@@ -42,12 +42,10 @@ class RateProcess:
 # median: the median upload speed of the panel's lines (published); sigma, tau: assumed (the report
 # gives medians over lines, not the variation of one line in time)
 BROADBAND_UPLINK = RateProcess(median_mbit=18.4, sigma=0.15, tau_s=10.0)
-BROADBAND_DELAY = "10ms"  # assumed one-way access delay
 
 # --- Cellular uplink: Huang et al., MobiSys 2012 (LTE, 4GTest users) ---
 # median: the median LTE uplink throughput (published); sigma, tau: assumed (cellular rates vary widely)
 LTE_UPLINK = RateProcess(median_mbit=6.0, sigma=0.6, tau_s=3.0)
-LTE_DELAY = "35ms"  # assumed one-way delay (70 ms round trip)
 
 # --- DiLoCo across continents: INTELLECT-1 technical report (arXiv:2412.01152), Table 2 ---
 ALLREDUCE_PAYLOAD_BITS = 2 * 10e9 * 8  # a ring all-reduce moves about 2x the int8 pseudo-gradient of 10B params
@@ -115,11 +113,10 @@ def fmt(number: float, unit: str) -> str:
     return f"{round(number, 1):g}{unit}"
 
 
-def rate_trace(name: str, seed: int, delay: str, process: RateProcess, seconds: int) -> Trace:
-    """1 s steps of a fixed delay and a log-normal AR(1) rate."""
+def access_trace(name: str, seed: int, process: RateProcess, seconds: int) -> Trace:
+    """1 s steps of a node's shared uplink: a log-normal AR(1) rate (the delay is the profile's)."""
     rates = lognormal_ar1(random.Random(seed), seconds, 1.0, process)
-    rows = tuple((f"{t}s", delay, fmt(clamp_rate(r), "mbit")) for t, r in enumerate(rates))
-    return Trace(name, ("time", "delay", "rate"), rows)
+    return Trace(name, ("time", "uplink"), tuple((f"{t}s", fmt(clamp_rate(r), "mbit")) for t, r in enumerate(rates)))
 
 
 def diloco_trace(name: str, seed: int) -> Trace:
@@ -151,8 +148,8 @@ def steps_trace(seed: int) -> Trace:
 
 BUILDERS: dict[str, Callable[[], Trace]] = {
     "steps-1s": lambda: steps_trace(seed=1),
-    "broadband-uplink": lambda: rate_trace("broadband-uplink", 2, BROADBAND_DELAY, BROADBAND_UPLINK, 600),
-    "cellular-lte-uplink": lambda: rate_trace("cellular-lte-uplink", 3, LTE_DELAY, LTE_UPLINK, 600),
+    "broadband-uplink": lambda: access_trace("broadband-uplink", 2, BROADBAND_UPLINK, 600),
+    "cellular-lte-uplink": lambda: access_trace("cellular-lte-uplink", 3, LTE_UPLINK, 600),
     "diloco-us-eu": lambda: diloco_trace("diloco-us-eu", seed=4),
     "diloco-eu-asia": lambda: diloco_trace("diloco-eu-asia", seed=5),
     "diloco-asia-us": lambda: diloco_trace("diloco-asia-us", seed=6),

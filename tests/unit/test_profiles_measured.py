@@ -31,7 +31,7 @@ TRACES = sorted(TRACE_DIR.glob("*.csv"))
 MEASURED = ["azure-8-regions", "broadband-uplink-uk", "cellular-lte", "diloco-3-continents"]
 SIZES = (2, 4, 8, 16)
 
-VALUE_COLUMNS = {"delay", "jitter", "rate", "loss"}
+VALUE_COLUMNS = {"delay", "jitter", "rate", "loss", "uplink", "downlink"}
 MIN_STEP_US = 100_000  # the trace format's smallest step
 MAX_ROWS = 10_000  # far above what the shipped traces need
 MAX_DELAY_US = 500_000  # magnitudes safe for this machine
@@ -79,8 +79,10 @@ def column(path: Path, name: str) -> list[str]:
 
 
 def log_rates(path: Path) -> list[float]:
-    """The natural log of every rate of a trace, in Mbit/s."""
-    return [math.log(parse_rate_bps(value) / 1e6) for value in column(path, "rate")]
+    """The natural log of every rate of a trace (a link's ``rate`` or a node's ``uplink``), in Mbit/s."""
+    header, _ = read_trace(path)
+    name = "uplink" if "uplink" in header else "rate"
+    return [math.log(parse_rate_bps(value) / 1e6) for value in column(path, name)]
 
 
 def lag1(values: list[float]) -> float:
@@ -101,11 +103,13 @@ def trace_refs(node: object) -> list[str]:
 
 
 def without_traces(node: object) -> object:
-    """The YAML document with every ``trace:`` key taken out."""
+    """The YAML document with every ``trace:`` key taken out (and a ``nodes`` entry left with nothing else)."""
     if isinstance(node, dict):
-        return {k: without_traces(v) for k, v in node.items() if k != "trace"}
+        out = {k: without_traces(v) for k, v in node.items() if k != "trace"}
+        return {k: v for k, v in out.items() if v != []}
     if isinstance(node, list):
-        return [without_traces(item) for item in node]
+        items = [without_traces(item) for item in node]
+        return [item for item in items if not (isinstance(item, dict) and set(item) == {"nodes"})]
     return node
 
 
@@ -131,8 +135,9 @@ def test_trace_rows_parse_with_the_profile_units(path: Path) -> None:
             assert parse_duration_us(values["delay"]) <= MAX_DELAY_US
         if "jitter" in values:
             assert parse_duration_us(values["jitter"]) <= parse_duration_us(values.get("delay", "0"))
-        if "rate" in values:
-            assert MIN_RATE_BPS <= parse_rate_bps(values["rate"]) <= MAX_RATE_BPS
+        for key in ("rate", "uplink", "downlink"):
+            if key in values:
+                assert MIN_RATE_BPS <= parse_rate_bps(values[key]) <= MAX_RATE_BPS
         if "loss" in values:
             assert parse_percent(values["loss"]) <= MAX_LOSS_PCT
     assert times[0] == 0

@@ -42,6 +42,7 @@ SHIPPED = [
     "stragglers-bimodal",
     "stragglers-lognormal",
     "two-slow-3x",
+    "home-broadband-uk",
     "azure-8-regions",
     "grid-10mbit-1ms",
     "grid-10mbit-50ms",
@@ -80,8 +81,9 @@ def test_shipped_profile_validates(shipped: dict[str, Profile], name: str, n: in
     links = profile.links(n)
     assert len(links) == n * (n - 1)
     for at in (0.0, *profile.change_times()):
-        for spec in profile.links(n, at).values():
-            assert spec.rate_bps is not None and spec.rate_bps <= MAX_RATE, "keep shipped rates <= 1gbit"
+        for (src, _), spec in profile.links(n, at).items():
+            rate = spec.rate_bps or profile.node_link(src, n, at).uplink_bps  # a link's rate, or its node's uplink
+            assert rate is not None and rate <= MAX_RATE, "keep shipped rates (or uplinks) <= 1gbit"
     assert len(profile.churn_events(n, 600.0)) >= 0
     assert [profile.device(i, n).node for i in range(n)] == list(range(n))
 
