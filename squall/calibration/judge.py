@@ -7,7 +7,10 @@ Per checked link ``s -> d``:
   links' means and the root-sum-square of their s.d. (a TCP round trip is used when UDP gave none);
 * ``loss`` per direction from the server's counts (``rtt_loss`` with ``1 - (1-p1)(1-p2)`` when
   only round trips are known);
-* ``rate`` when the link (or the sender's uplink, or the receiver's downlink) has one.
+* ``rate`` when the link (or the sender's uplink, or the receiver's downlink) has one;
+* ``uplink`` per node whose uplink cap the plan measured by sending to every peer at once: the
+  transfers' wire rates added up, against the cap (or what the peers' links allow together, when
+  less), shown as the link ``s->*``.
 
 A link in ``state.blocked`` must lose everything, and gets only a ``loss`` row expecting 100 %.
 Every function that counts host stalls takes the caller's :class:`~.stalls.StallPolicy`.
@@ -15,8 +18,9 @@ Every function that counts host stalls takes the caller's :class:`~.stalls.Stall
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from squall.calibration import stalls
@@ -30,6 +34,7 @@ from squall.calibration.expected import (
     rtt_model,
 )
 from squall.calibration.observations import Link, RoundTrip, TransferObservation, UdpObservation
+from squall.calibration.plan import TransferPlan, fan_out_rate_bps
 from squall.calibration.stalls import StallPolicy
 from squall.calibration.stats import Moments, interquartile_range, pool
 from squall.calibration.verdicts import (
@@ -110,13 +115,15 @@ class Evidence:
     transfers: Mapping[Link, TransferObservation]  # bulk transfers, per link
     ceiling_bps: float | None = None  # wire rate of the path with no rate limit, when measured
     tcp_round_trips: Mapping[Link, RoundTrip] | None = None  # fallback round trips
+    uplinks: Mapping[int, Mapping[Link, TransferObservation]] | None = None  # per node: its transfers at once
 
 
 def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, policy: StallPolicy,
-          loss_confidence: float, loss_resolution: float = LOSS_RESOLUTION) -> list[Check]:
-    """Every check of every link in ``links``, in link order; host stalls are counted and judged by
-    ``policy``, loss counts at ``loss_confidence`` and must resolve ``loss_resolution`` of the mean (the
-    plan's)."""
+          loss_confidence: float, loss_resolution: float = LOSS_RESOLUTION,
+          uplinks: Sequence[Sequence[TransferPlan]] = ()) -> list[Check]:
+    """Every check of every link in ``links``, in link order, then each shared uplink of ``uplinks``
+    (the plan's groups); host stalls are counted and judged by ``policy``, loss counts at
+    ``loss_confidence`` and must resolve ``loss_resolution`` of the mean (the plan's)."""
     loss = functools.partial(_loss_row, confidence=loss_confidence, resolution=loss_resolution)
     rows: list[Check] = []
     stalled = stalled_fraction(state, evidence.udp, policy) if evidence.udp is not None else 0.0
@@ -132,7 +139,31 @@ def judge(state: LinkState, links: tuple[Link, ...], evidence: Evidence, *, poli
             rows.append(check_rate(link, rate, t.goodput_bps if t else None, t.mss if t else None,
                                    policy=policy, ceiling_bps=evidence.ceiling_bps, host_stalls=stalled,
                                    error=t.error if t else "no transfer was scheduled"))
+    for group in uplinks:
+        rows.append(uplink_row(state, group, (evidence.uplinks or {}).get(group[0].link[0], {}), policy=policy,
+                               host_stalls=stalled))
     return rows
+
+
+def uplink_row(state: LinkState, group: Sequence[TransferPlan], seen: Mapping[Link, TransferObservation], *,
+               policy: StallPolicy, host_stalls: float = 0.0) -> Check:
+    """One node's transfers to every peer at once, added up, against its uplink (see the module docstring)."""
+    src = group[0].link[0]
+    expected = fan_out_rate_bps(state, group)
+    peers = ", ".join(str(t.link[1]) for t in group)
+    got = [seen.get(t.link) for t in group]
+    missing = [f"{t.link[1]}: {o.error if o else 'no result'}" for t, o in zip(group, got, strict=True)
+               if o is None or o.goodput_bps is None or not o.mss]
+    assert expected is not None  # a planned group has an uplink cap
+    if missing:
+        row = check_rate((src, src), expected, None, None, policy=policy, error="; ".join(missing))
+    else:
+        mss = min(o.mss or 0 for o in got if o is not None)
+        total = sum(o.goodput_bps or 0.0 for o in got if o is not None)
+        row = check_rate((src, src), expected, total, mss, policy=policy, host_stalls=host_stalls)
+        each = ", ".join(f"{(o.goodput_bps or 0.0) / 1e6:.2f}" for o in got if o is not None)
+        row = dataclasses.replace(row, why=f"node {src} to {peers} at once ({each} Mbit/s of payload): " + row.why)
+    return dataclasses.replace(row, metric="uplink")
 
 
 def _delay_rows(link: Link, state: LinkState, evidence: Evidence, policy: StallPolicy) -> list[Check]:

@@ -21,6 +21,10 @@ Budget (2 host cores run every container, the shaping daemon and the probes):
   bound gives 11.6 Mbit/s at 1 % loss and 10 ms RTT), with every delay kept. A transfer that
   falls short of its rate is measured once more and the better result counts: a rate limit is an
   upper bound, and a host stall can only lower a measurement, never lift it over the limit.
+* **Shared uplinks**: a node with an ``uplink`` cap also sends to every peer at once (one
+  transfer per peer, all started together, :data:`MAX_UPLINKS` nodes at most, one per distinct
+  cap first), so the check sees the cap shared: the peers' rates add up to the uplink, not each
+  reaching it. Each transfer alone, above, only sees the tightest cap of its own link.
 * **Sampling**: above :data:`MAX_LINKS` directed links (n > 4), unordered pairs are chosen so
   that each distinct pair of settings (forward spec, backward spec, node caps) is covered at least
   once, then filled with a seeded random choice; both directions of a chosen pair are checked.
@@ -56,6 +60,7 @@ COUNT_MARGIN = 1.05  # more probes than the loss check needs: the echoes that ar
 FAMILY_ALPHA = 0.01  # false-failure budget of all loss checks of a run together
 MSS_BYTES = 1448  # for the slow-start estimate
 GAP_S = 0.4  # between transfers, plus one RTT
+MAX_UPLINKS = 2  # nodes whose shared uplink is measured by sending to every peer at once
 WINDOW_S = 1.0  # measured part of a transfer
 QUICK_WINDOW_S = 0.5
 
@@ -89,6 +94,7 @@ class ProbePlan:
     transfers: tuple[TransferPlan, ...]  # bulk transfers, one at a time
     notes: tuple[str, ...]  # sampling and budget decisions, for the report
     loss_resolution: float = LOSS_RESOLUTION  # half-width of the loss acceptance region over the mean it asks for
+    uplinks: tuple[tuple[TransferPlan, ...], ...] = ()  # per node with an uplink cap: to every peer at once
 
     @property
     def udp_seconds(self) -> float:
@@ -97,8 +103,9 @@ class ProbePlan:
 
     @property
     def tcp_seconds(self) -> float:
-        """Length of the transfer schedule."""
-        return max((t.at_s + t.seconds for t in self.transfers), default=0.0)
+        """Length of the transfer schedule, the shared uplinks' transfers included."""
+        alone = max((t.at_s + t.seconds for t in self.transfers), default=0.0)
+        return alone + sum(max(t.slot_s for t in group) for group in self.uplinks)
 
 
 def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None, quick: bool = False,
@@ -113,6 +120,10 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     count = _udp_count(state, links, confidence, resolution, quick=quick, notes=notes)
     wait = _wait_s(state, links)
     transfers = _schedule(state, links, QUICK_WINDOW_S if quick else WINDOW_S)
+    uplinks = fan_outs(state, n, links, QUICK_WINDOW_S if quick else WINDOW_S)
+    if uplinks:
+        notes.append("shared uplink of node(s) " + ", ".join(str(g[0].link[0]) for g in uplinks)
+                     + ": sent to every peer at once")
     notes.append(f"loss checks at {confidence:.5f} each ({len(links)} links share a {FAMILY_ALPHA:.0%} "
                  "false-failure budget)")
     unchecked = sorted({key for link in links for key, chance in (("duplication", state.links[link].duplicate),
@@ -121,7 +132,7 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     if unchecked:
         notes.append(f"{' and '.join(unchecked)} configured but not checked")
     return ProbePlan(tuple(links), count, rate, wait, min(BASELINE_COUNT, count), confidence, tuple(transfers),
-                     tuple(notes), resolution)
+                     tuple(notes), resolution, uplinks)
 
 
 def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links: int, seed: int,
@@ -195,6 +206,45 @@ def _schedule(state: LinkState, links: list[Link], window_s: float) -> list[Tran
         plans.append(TransferPlan((s, d), at, warmup + window_s, warmup, slot))
         at += slot
     return plans
+
+
+def fan_outs(state: LinkState, n: int, links: Sequence[Link], window_s: float) -> tuple[tuple[TransferPlan, ...], ...]:
+    """For nodes with an uplink cap (senders of checked links first, one per distinct cap, at most
+    :data:`MAX_UPLINKS`): a transfer to every peer it can reach, all starting at 0 with the longest
+    warm-up of them."""
+    senders = list(dict.fromkeys([s for s, _ in links] + list(range(n))))
+    chosen: dict[object, int] = {}
+    for node in senders:
+        cap = state.node_links.get(node)
+        if cap is None or cap.uplink_bps is None or cap in chosen:
+            continue
+        peers = [d for d in range(n) if d != node and (node, d) not in state.blocked]
+        if len(peers) >= 2:
+            chosen[cap] = node
+    groups = []
+    for node in list(chosen.values())[:MAX_UPLINKS]:
+        alone = _schedule(state, [(node, d) for d in range(n) if d != node], window_s)
+        if len(alone) < 2:
+            continue
+        warmup = max(t.warmup_s for t in alone)
+        groups.append(tuple(TransferPlan(t.link, 0.0, warmup + window_s, warmup, warmup + window_s + GAP_S)
+                            for t in alone))
+    return tuple(groups)
+
+
+def fan_out_rate_bps(state: LinkState, group: Sequence[TransferPlan]) -> int | None:
+    """What a node sending to every peer at once may carry in total: its uplink, or less when the
+    peers' own links (their rates, the receivers' downlinks) add up to less."""
+    if not group:
+        return None
+    src = group[0].link[0]
+    cap = state.node_links.get(src)
+    per_link = [link_rate_bps(s, d, state.links[(s, d)], state.node_links) for s, d in (t.link for t in group)]
+    uplink = cap.uplink_bps if cap is not None else None
+    if any(r is None for r in per_link):
+        return uplink
+    total = sum(r for r in per_link if r is not None)
+    return min(total, uplink) if uplink is not None else total
 
 
 def reschedule(transfers: Sequence[TransferPlan]) -> tuple[TransferPlan, ...]:

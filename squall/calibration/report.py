@@ -64,7 +64,8 @@ class CalibrationReport:
             "plan": {"links": [list(link) for link in plan.links], "udp_count": plan.udp_count,
                      "udp_rate_pps": plan.udp_rate_pps, "udp_wait_s": plan.udp_wait_s,
                      "loss_confidence": plan.loss_confidence,
-                     "transfers": [t.to_config() for t in plan.transfers], "notes": list(plan.notes)},
+                     "transfers": [t.to_config() for t in plan.transfers],
+                     "uplinks": [[t.to_config() for t in group] for group in plan.uplinks], "notes": list(plan.notes)},
             "errors": list(self.errors), "notes": list(self.notes), "stall_policy": self.policy.to_dict(),
             "rows": [_finite(r.to_dict()) for r in self.rows],
         }
@@ -73,7 +74,7 @@ class CalibrationReport:
         """One :class:`~squall.checks.fidelity.CalibrationRow` per check, figures in the table's words, and a
         failed row for each error of the run as a whole (the shaper died): what a session keeps for
         its report, matched to cells by profile and backend."""
-        rows = [CalibrationRow(self.profile, self.backend, f"{r.link[0]}->{r.link[1]}", r.metric,
+        rows = [CalibrationRow(self.profile, self.backend, link_text(r), r.metric,
                                _num(r.configured, r.unit), _num(r.measured, r.unit), _range(r), r.verdict, r.why)
                 for r in self.rows]
         errors = [failed_row(self.profile, error, backend=self.backend, quantity="shaper") for error in self.errors]
@@ -94,7 +95,7 @@ class CalibrationReport:
                 f"{len(self.plan.transfers)} TCP transfers; " + "; ".join(self.plan.notes), ""]
         table = [["LINK", "METRIC", "CONFIGURED", "MEASURED", "ACCEPTED", "VERDICT", "WHY"]]
         for r in self.rows:
-            table.append([f"{r.link[0]}->{r.link[1]}", r.metric, _num(r.configured, r.unit), _num(r.measured, r.unit),
+            table.append([link_text(r), r.metric, _num(r.configured, r.unit), _num(r.measured, r.unit),
                           _range(r),
                           r.verdict, r.why])
         tail = [""] + [f"error: {e}" for e in self.errors] + [f"note: {n}" for n in self.notes]
@@ -127,3 +128,8 @@ def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]]).rstrip()
                      for row in rows)
+
+
+def link_text(row: Check) -> str:
+    """``0->1``, or ``0->*`` for a node's shared uplink (sent to every peer at once)."""
+    return f"{row.link[0]}->*" if row.metric == "uplink" else f"{row.link[0]}->{row.link[1]}"

@@ -100,7 +100,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
         used = shaper.backend
         run.notes.append(_load_note(load_before, os.getloadavg()[0]))
     rows = judge(state, plan.links, evidence, policy=policy, loss_confidence=plan.loss_confidence,
-                 loss_resolution=plan.loss_resolution)
+                 loss_resolution=plan.loss_resolution, uplinks=plan.uplinks)
     return CalibrationReport(prof.name, workers, used, at, quick, tuple(rows), baseline, plan, tuple(run.errors),
                              tuple(run.notes), time.monotonic() - started, policy)
 
@@ -176,7 +176,13 @@ class _Run:
             if short:
                 ceiling = self._ceiling(shaper, short[0])
             self._health(shaper, "TCP transfers")
-        return Evidence(baseline, udp, transfers, ceiling, tcp_trips)
+        uplinks: dict[int, dict[Link, TransferObservation]] = {}
+        if self.plan.uplinks:
+            shaper.apply(rate_only(self.state))
+            for group in self.plan.uplinks:  # one node to every peer at once: its shared uplink
+                uplinks[group[0].link[0]] = run_tcp(self.cluster, group)
+            self._health(shaper, "uplink transfers")
+        return Evidence(baseline, udp, transfers, ceiling, tcp_trips, uplinks)
 
     def _short(self, transfers: Mapping[Link, TransferObservation]) -> list[TransferPlan]:
         """The planned transfers whose wire rate came out below the accepted range."""

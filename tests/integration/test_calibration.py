@@ -80,3 +80,42 @@ def test_calibrating_a_traced_profile_judges_its_segments_by_default(docker_clie
     segments = json.loads(out.read_text())["segments"]
     assert [round(s["start_s"]) for s in segments["segments"]] == [0, 3, 6]  # every row of the trace, judged
     assert code in (0, 1)  # the verdict is both judgements'; a busy host may make it unknown, never a crash
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-peer"])
+def test_a_shared_uplink_is_judged_by_sending_to_every_peer_at_once(
+        docker_client: Any, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool) -> None:
+    """home-broadband-uk gives every node an 18.4 Mbit/s uplink for all its peers together. Each link
+    alone reaches 18.4 Mbit/s either way; only node 0 sending to 1, 2 and 3 at once tells a shared cap
+    (18.4 in total) from a shaper that gives each peer its own 18.4 Mbit/s (55 in total)."""
+    from squall import shaping
+
+    if not shared:
+        real_open = shaping.open_shaper
+
+        class PerPeer:  # each link its sender's uplink as a rate of its own, no shared cap
+            def __init__(self, inner: Shaper) -> None:
+                self.inner, self.backend = inner, inner.backend
+
+            def apply(self, state: LinkState) -> None:
+                caps = state.node_links
+                links = {(s, d): dataclasses.replace(v, rate_bps=v.rate_bps or caps[s].uplink_bps)
+                         if s in caps and caps[s].uplink_bps else v for (s, d), v in state.links.items()}
+                self.inner.apply(LinkState(links, {}, state.blocked))
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+        monkeypatch.setattr(shaping, "open_shaper", lambda *a, **kw: PerPeer(real_open(*a, **kw)))
+    out = tmp_path / "report.json"
+    code = cli_calibrate.main(["calibrate", "--profile", "home-broadband-uk", "--workers", "4", "--pairs", "0->1",
+                               "--quick", "--json", str(out)])
+    rows = {row["metric"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["rate"]["configured"] == pytest.approx(18.4) and rows["rate"]["verdict"] == "passed"
+    uplink = rows["uplink"]
+    assert uplink["link"] == [0, 0] and uplink["configured"] == pytest.approx(18.4)
+    assert uplink["why"].startswith("node 0 to 1, 2, 3 at once")
+    if shared:
+        assert code == 0 and uplink["verdict"] == "passed", uplink
+    else:
+        assert code == 1 and uplink["verdict"] == "failed" and uplink["measured"] > 45, uplink
