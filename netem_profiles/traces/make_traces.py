@@ -6,9 +6,10 @@ number, so the same script writes the same bytes on any machine; ``tests/unit/te
 regenerates them and compares.
 
 A trace is a CSV file: a header naming the columns (``time`` and some of ``delay``, ``jitter``,
-``rate``, ``loss`` for links, or ``uplink`` for a node's shared access link), then one row per step, values in the profiles' units; each row holds until the
-next. ``netem_profiles/README.md`` ("Measured profiles") says where every number below comes from
-and what is assumed; the constants here are those numbers.
+``rate``, ``loss`` for links, or ``uplink`` for a node's shared access link), then one row per step,
+values in the profiles' units; each row holds until the next. ``netem_profiles/README.md``
+("Measured profiles") says where every number below comes from and what is assumed; the constants
+here are those numbers.
 
 Rates that vary are a log-normal AR(1) process: ``log(rate / median)`` is a Gaussian with standard
 deviation ``sigma`` whose lag-one correlation per step of ``dt`` seconds is ``exp(-dt / tau)``, so
