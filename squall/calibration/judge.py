@@ -150,19 +150,19 @@ def uplink_row(state: LinkState, group: Sequence[TransferPlan], seen: Mapping[Li
     """One node's transfers to every peer at once, added up, against its uplink (see the module docstring)."""
     src = group[0].link[0]
     expected = fan_out_rate_bps(state, group)
-    peers = ", ".join(str(t.link[1]) for t in group)
-    got = [seen.get(t.link) for t in group]
-    missing = [f"{t.link[1]}: {o.error if o else 'no result'}" for t, o in zip(group, got, strict=True)
+    got = [(t.link[1], seen.get(t.link)) for t in group]
+    missing = [f"{dst}: {o.error if o else 'no result'}" for dst, o in got
                if o is None or o.goodput_bps is None or not o.mss]
-    assert expected is not None  # a planned group has an uplink cap
     if missing:
         row = check_rate((src, src), expected, None, None, policy=policy, error="; ".join(missing))
     else:
-        mss = min(o.mss or 0 for o in got if o is not None)
-        total = sum(o.goodput_bps or 0.0 for o in got if o is not None)
-        row = check_rate((src, src), expected, total, mss, policy=policy, host_stalls=host_stalls)
-        each = ", ".join(f"{(o.goodput_bps or 0.0) / 1e6:.2f}" for o in got if o is not None)
-        row = dataclasses.replace(row, why=f"node {src} to {peers} at once ({each} Mbit/s of payload): " + row.why)
+        measured = [o for _, o in got if o is not None]
+        rates = [o.goodput_bps or 0.0 for o in measured]
+        row = check_rate((src, src), expected, sum(rates), min(o.mss or 0 for o in measured), policy=policy,
+                         host_stalls=host_stalls)
+        each = ", ".join(f"{r / 1e6:.2f}" for r in rates)
+        peers = ", ".join(str(d) for d, _ in got)
+        row = dataclasses.replace(row, why=f"node {src} to {peers} at once ({each} Mbit/s of payload): {row.why}")
     return dataclasses.replace(row, metric="uplink")
 
 

@@ -210,41 +210,31 @@ def _schedule(state: LinkState, links: list[Link], window_s: float) -> list[Tran
 
 def fan_outs(state: LinkState, n: int, links: Sequence[Link], window_s: float) -> tuple[tuple[TransferPlan, ...], ...]:
     """For nodes with an uplink cap (senders of checked links first, one per distinct cap, at most
-    :data:`MAX_UPLINKS`): a transfer to every peer it can reach, all starting at 0 with the longest
-    warm-up of them."""
-    senders = list(dict.fromkeys([s for s, _ in links] + list(range(n))))
-    chosen: dict[object, int] = {}
-    for node in senders:
+    :data:`MAX_UPLINKS`) and two peers or more to reach: a transfer to each peer, all starting at 0
+    with the longest warm-up of them."""
+    groups: list[tuple[TransferPlan, ...]] = []
+    caps = set()
+    for node in dict.fromkeys([s for s, _ in links] + list(range(n))):
         cap = state.node_links.get(node)
-        if cap is None or cap.uplink_bps is None or cap in chosen:
+        if cap is None or cap.uplink_bps is None or cap in caps or len(groups) == MAX_UPLINKS:
             continue
-        peers = [d for d in range(n) if d != node and (node, d) not in state.blocked]
-        if len(peers) >= 2:
-            chosen[cap] = node
-    groups = []
-    for node in list(chosen.values())[:MAX_UPLINKS]:
-        alone = _schedule(state, [(node, d) for d in range(n) if d != node], window_s)
+        alone = _schedule(state, [(node, d) for d in range(n) if d != node], window_s)  # blocked links left out
         if len(alone) < 2:
             continue
+        caps.add(cap)
         warmup = max(t.warmup_s for t in alone)
         groups.append(tuple(TransferPlan(t.link, 0.0, warmup + window_s, warmup, warmup + window_s + GAP_S)
                             for t in alone))
     return tuple(groups)
 
 
-def fan_out_rate_bps(state: LinkState, group: Sequence[TransferPlan]) -> int | None:
-    """What a node sending to every peer at once may carry in total: its uplink, or less when the
-    peers' own links (their rates, the receivers' downlinks) add up to less."""
-    if not group:
-        return None
-    src = group[0].link[0]
-    cap = state.node_links.get(src)
-    per_link = [link_rate_bps(s, d, state.links[(s, d)], state.node_links) for s, d in (t.link for t in group)]
-    uplink = cap.uplink_bps if cap is not None else None
-    if any(r is None for r in per_link):
-        return uplink
-    total = sum(r for r in per_link if r is not None)
-    return min(total, uplink) if uplink is not None else total
+def fan_out_rate_bps(state: LinkState, group: Sequence[TransferPlan]) -> int:
+    """What a node of :func:`fan_outs` may send to every peer at once in total: its uplink, or less
+    when the peers' own links (their rates, the receivers' downlinks) add up to less."""
+    uplink = state.node_links[group[0].link[0]].uplink_bps
+    assert uplink is not None  # fan_outs plans only nodes with an uplink cap
+    return min(uplink, sum(link_rate_bps(s, d, state.links[(s, d)], state.node_links) or uplink
+                           for s, d in (t.link for t in group)))
 
 
 def reschedule(transfers: Sequence[TransferPlan]) -> tuple[TransferPlan, ...]:

@@ -9,8 +9,6 @@ after X s`` (the slowest recovery), ``never recovered``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from squall.checks.agreement import agree_verdict
 from squall.checks.verdict import Verdict
 from squall.run_meta import RankRun, RunMeta
@@ -42,22 +40,16 @@ def crash(run: RankRun) -> str:
     return f"rank {run.rank} ({code}{again}): {last}"
 
 
-def outcome(meta: RunMeta, failures: Sequence[str] = ()) -> str:
-    """One phrase for a run under faults (see the module docstring).
-
-    ``failures`` describe the failed ranks; by default they are read from the program's runs in ``meta``
-    (the first to end first).
-    """
+def outcome(meta: RunMeta) -> str:
+    """One phrase for a run under faults (see the module docstring); a crash names the first rank to fail."""
     if meta.hang is not None:
         blocked = sorted({s.blocked_in.split(" (")[0] for s in meta.stacks if s.why == "hung" and s.blocked_in})
         return "hung" + (f" (blocked in {', '.join(blocked)})" if blocked else "")
-    if not failures and meta.program is not None:
-        failed = sorted((r for r in meta.program.runs if r.failed),
-                        key=lambda r: (r.ended_s if r.ended_s is not None else float("inf"), r.rank))
-        failures = [crash(r) for r in failed]
-    if failures:
-        more = f"; {len(failures) - 1} more" if len(failures) > 1 else ""
-        return f"crashed ({failures[0][:200]}{more})"
+    failed = sorted((r for r in (meta.program.runs if meta.program is not None else ()) if r.failed),
+                    key=lambda r: (r.ended_s if r.ended_s is not None else float("inf"), r.rank))
+    if failed:
+        more = f"; {len(failed) - 1} more" if len(failed) > 1 else ""
+        return f"crashed ({crash(failed[0])}{more})"
     odd = [a for a in meta.agreement if a.passed is False]
     if odd:
         return f"diverged ({odd[0].figure}: ranks {list(odd[0].odd)})"
@@ -70,3 +62,8 @@ def outcome(meta: RunMeta, failures: Sequence[str] = ()) -> str:
     if slowest is None:
         return "survived"
     return f"recovered after {slowest:.1f} s"
+
+
+def fault_outcome(meta: RunMeta) -> str | None:
+    """:func:`outcome` for a run that went through a fault or was stopped as hung; None for any other run."""
+    return outcome(meta) if meta.faults or meta.hang is not None else None

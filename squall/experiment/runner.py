@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from squall.checks import Validity, Verdict, converged, merge
-from squall.checks.liveness import outcome, run_verdicts
+from squall.checks.liveness import fault_outcome, run_verdicts
 from squall.claims.registry import Claim, evaluate
 from squall.experiment.comparison import ComparePlan, CompareResult, run_comparison
 from squall.experiment.fidelity import SessionCalibration
@@ -149,8 +149,8 @@ def run_program_cell(labs: Session, cell: Cell, program: ProgramSpec, run: Mappi
         return CellResult(cell_id, empty, (Verdict("ran", False, None, "the run completes", str(exc)),))
     verdict = judge(done.trace, done.runs, target=program.target, metric_names=program.metric_names)
     state = {True: "PASS", False: "FAIL", None: "UNKNOWN"}[verdict.passed]
-    meta = done.trace.meta
-    under = f" [{outcome(meta)}]" if meta.faults or meta.hang is not None else ""  # a fault matrix's one word
+    word = fault_outcome(done.trace.meta)  # a fault matrix's one phrase
+    under = f" [{word}]" if word else ""
     progress(f"{tag}: {state}{under} in {time.monotonic() - t:.1f} s {verdict.line()}")
     return CellResult(cell_id, done.trace, (verdict,))
 

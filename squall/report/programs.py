@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from squall.checks.liveness import outcome
+from squall.checks.liveness import fault_outcome
 from squall.checks.recovery import describe
 from squall.run_trace import RunTrace
 
@@ -78,8 +78,9 @@ def restart_marks(trace: RunTrace) -> list[str]:
     and each stack taken, and each ``--agree`` figure that differed."""
     lines = [f"churn: {c.t:.1f} s: {c.kind} of rank(s) {', '.join(map(str, c.nodes))}" for c in trace.churn
              if c.kind in ("kill", "restart")]
-    if trace.meta.faults or trace.meta.hang is not None:
-        lines.append(f"outcome: {outcome(trace.meta)}")
+    word = fault_outcome(trace.meta)
+    if word:
+        lines.append(f"outcome: {word}")
     lines += [f"fault: {line}" for line in describe(trace.meta.faults)]
     if trace.meta.hang is not None:
         lines.append(f"HUNG: {trace.meta.hang.describe()}")

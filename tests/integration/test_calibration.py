@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,26 @@ from tests.timing import report_passed
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 logger = logging.getLogger(__name__)
+
+
+def shape_otherwise(monkeypatch: pytest.MonkeyPatch, instead: Callable[[LinkState], LinkState]) -> None:
+    """Every shaper opened from now on applies ``instead(state)`` whatever it is asked to apply: a
+    backend that shapes wrongly, for calibration to catch."""
+    from squall import shaping
+
+    real_open = shaping.open_shaper
+
+    class Otherwise:
+        def __init__(self, inner: Shaper) -> None:
+            self.inner, self.backend = inner, inner.backend
+
+        def apply(self, state: LinkState) -> None:
+            self.inner.apply(instead(state))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(shaping, "open_shaper", lambda *a, **kw: Otherwise(real_open(*a, **kw)))
 
 
 def test_wan_5ms_on_three_workers_passes(docker_client: Any, worker_image: str) -> None:
@@ -40,22 +61,9 @@ def test_cli_writes_json_and_fails_when_the_links_differ_from_the_profile(
         docker_client: Any, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The shaper is handed 5 ms and 1 Gbit/s whatever it is asked for; judged against thin-20mbit
     (10 ms, 20 Mbit/s), the delay and the rate must fail and the CLI exit 1."""
-    from squall import shaping
-
-    real_open = shaping.open_shaper
-
-    class Lying:
-        def __init__(self, inner: Shaper) -> None:
-            self.inner, self.backend = inner, inner.backend
-
-        def apply(self, state: LinkState) -> None:
-            wrong = {k: dataclasses.replace(v, delay_us=5000, rate_bps=1_000_000_000) for k, v in state.links.items()}
-            self.inner.apply(LinkState(wrong, {}, state.blocked))
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-    monkeypatch.setattr(shaping, "open_shaper", lambda *a, **kw: Lying(real_open(*a, **kw)))
+    shape_otherwise(monkeypatch, lambda state: LinkState(
+        {k: dataclasses.replace(v, delay_us=5000, rate_bps=1_000_000_000) for k, v in state.links.items()},
+        {}, state.blocked))
     out = tmp_path / "report.json"
     code = cli_calibrate.main(["calibrate", "--profile", "thin-20mbit", "--workers", "2", "--pairs", "0->1",
                                "--quick", "--json", str(out)])
@@ -88,25 +96,14 @@ def test_a_shared_uplink_is_judged_by_sending_to_every_peer_at_once(
     """home-broadband-uk gives every node an 18.4 Mbit/s uplink for all its peers together. Each link
     alone reaches 18.4 Mbit/s either way; only node 0 sending to 1, 2 and 3 at once tells a shared cap
     (18.4 in total) from a shaper that gives each peer its own 18.4 Mbit/s (55 in total)."""
-    from squall import shaping
+    def per_peer(state: LinkState) -> LinkState:  # each link its sender's uplink as a rate of its own, no shared cap
+        caps = state.node_links
+        links = {(s, d): dataclasses.replace(v, rate_bps=v.rate_bps or caps[s].uplink_bps)
+                 if s in caps and caps[s].uplink_bps else v for (s, d), v in state.links.items()}
+        return LinkState(links, {}, state.blocked)
 
     if not shared:
-        real_open = shaping.open_shaper
-
-        class PerPeer:  # each link its sender's uplink as a rate of its own, no shared cap
-            def __init__(self, inner: Shaper) -> None:
-                self.inner, self.backend = inner, inner.backend
-
-            def apply(self, state: LinkState) -> None:
-                caps = state.node_links
-                links = {(s, d): dataclasses.replace(v, rate_bps=v.rate_bps or caps[s].uplink_bps)
-                         if s in caps and caps[s].uplink_bps else v for (s, d), v in state.links.items()}
-                self.inner.apply(LinkState(links, {}, state.blocked))
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.inner, name)
-
-        monkeypatch.setattr(shaping, "open_shaper", lambda *a, **kw: PerPeer(real_open(*a, **kw)))
+        shape_otherwise(monkeypatch, per_peer)
     out = tmp_path / "report.json"
     code = cli_calibrate.main(["calibrate", "--profile", "home-broadband-uk", "--workers", "4", "--pairs", "0->1",
                                "--quick", "--json", str(out)])
