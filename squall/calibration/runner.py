@@ -40,6 +40,7 @@ from squall.calibration.stalls import HOST, StallPolicy
 from squall.calibration.verdicts import RATE_REL
 from squall.cluster import Cluster, ClusterSpec
 from squall.cluster.backend import ClusterBackend
+from squall.cluster.spec import default_engine
 from squall.profiles import Profile, load_profile
 from squall.profiles.settings import calm
 from squall.shaping.base import BACKENDS, LinkState, Shaper, ShapingError
@@ -76,7 +77,7 @@ def calibrate(profile: Profile | str, *, workers: int, backend: str | None = Non
     if workers < 2:
         raise ValueError(f"calibration needs at least 2 workers (it measures the links between them), got {workers}")
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    prof.runnable_for(workers)
+    prof.runnable_for(workers, engine=cluster.engine if cluster is not None else default_engine())
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or none")
     state = shaping.state_at(prof, workers, at)
@@ -250,4 +251,4 @@ def rate_only(state: LinkState) -> LinkState:
 def unlimited(state: LinkState) -> LinkState:
     """:func:`rate_only` without any rate (per link or per node) or the buffer in front of one: what the
     host itself can carry."""
-    return LinkState({k: calm(v, drop=NO_RATE) for k, v in state.links.items()}, {}, state.blocked)
+    return dataclasses.replace(state, links={k: calm(v, drop=NO_RATE) for k, v in state.links.items()}, node_links={})

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from squall.cluster.preflight import preflight
-from squall.cluster.spec import ENGINES, select_engine
+from squall.cluster.spec import ENGINES, default_engine, select_engine
 from squall.profiles import Profile, ProfileError, load_profile
 from squall.shaping.base import BACKENDS, ShapingError
 
@@ -95,7 +95,7 @@ def cmd_over_time(args: argparse.Namespace) -> int:
     try:
         profile = load_profile(args.profile)
         workers = args.workers or max(2, profile.required_workers())
-        profile.runnable_for(workers)
+        profile.runnable_for(workers, engine=args.engine or default_engine())
         select_engine(args.engine)
         preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         with open_cluster(calibration_spec(workers)) as cluster:
@@ -152,7 +152,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         profile = load_profile(args.profile)
         workers = args.workers or max(DEFAULT_WORKERS, profile.required_workers())
-        profile.runnable_for(workers)  # bad input is told before any cluster starts
+        profile.runnable_for(workers, engine=args.engine or default_engine())  # bad input before any cluster
         select_engine(args.engine)  # the engine of the cluster below (and of the spec's default)
         preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts
         display = Display(label=f"calibrate {profile.name}")

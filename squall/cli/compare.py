@@ -29,7 +29,7 @@ from typing import Any
 
 from squall.checks.measures import BYTES_SENT, BYTES_TO_TARGET, FINAL, STEP_INTERVAL, TIME_TO_TARGET
 from squall.cluster.preflight import preflight
-from squall.cluster.spec import ENGINES, LOCAL, MAX_WORKERS, select_engine
+from squall.cluster.spec import ENGINES, LOCAL, MAX_WORKERS, default_engine, select_engine
 from squall.experiment.comparison import (
     DEFAULT_RUNS,
     DEFAULT_TOLERANCE,
@@ -136,7 +136,7 @@ def _plan(args: argparse.Namespace, base: Side, cand: Side, kind: str) -> Compar
         if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
             raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
                              f"{MAX_WORKERS[LOCAL]} workers, got {args.workers}")
-        profile.runnable_for(args.workers)
+        profile.runnable_for(args.workers, engine=args.engine or default_engine())
     target = None
     if args.target:
         target = base.program.target if base.program is not None else Target.parse(args.target)

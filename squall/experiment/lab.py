@@ -173,7 +173,7 @@ class Lab:
         """What the driver needs to run one workload on this lab, shaped as ``profile_name``."""
         cluster, shaper = self._require()
         profile = load_profile(profile_name)
-        profile.runnable_for(self.workers)
+        profile.runnable_for(self.workers, engine=cluster.engine)
         return Cell(cluster, shaper, self.progress, profile, seconds, seed, budget_steps, replay)
 
     def run(self, spec: RunSpec) -> RunTrace:

@@ -140,10 +140,6 @@ def build_matrix(raw: Mapping[str, Any], *, source: str, known_protocols: Iterab
             need = profile.required_workers()
             if n < need:
                 raise MatrixError(f"{source}: workers: profile {name!r} needs at least {need} workers, got {n}")
-        try:
-            profile.refuse_nat()
-        except ProfileError as exc:
-            raise MatrixError(f"{source}: profiles: {exc}") from exc
     return Matrix(tuple(protocols), tuple(profiles), tuple(workers), tuple(seeds), tuple(programs))
 
 

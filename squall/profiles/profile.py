@@ -196,22 +196,22 @@ class Profile:
         smallest = self.required_workers()
         return [smallest, *sorted(n for n in set(defaults) if n > smallest)]
 
-    def runnable_for(self, n: int, *, duration_s: float = REFERENCE_RUN_S) -> list[str]:
-        """:meth:`validate_for`, and what this version of Squall cannot run yet: ``nat`` is read and
-        checked, but no cluster puts a node behind a NAT, so a run refuses it (ProfileError naming the
-        entry) rather than give that node a reachable address and call the run NAT'd."""
+    def runnable_for(self, n: int, *, duration_s: float = REFERENCE_RUN_S, engine: str = "local") -> list[str]:
+        """:meth:`validate_for`, and what this version of Squall cannot run: ``nat`` is realised by the
+        local engine only (its NAT rules live in the containers' namespaces on this machine), so another
+        engine refuses it (ProfileError naming the entry) rather than leave the node reachable."""
         warnings = self.validate_for(n, duration_s=duration_s)
-        self.refuse_nat()
+        if engine != "local":
+            self.refuse_nat(engine)
         return warnings
 
-    def refuse_nat(self) -> None:
-        """Raise ProfileError at the first ``links.nodes`` entry with ``nat``: not realised by the clusters."""
+    def refuse_nat(self, engine: str) -> None:
+        """Raise ProfileError at the first ``links.nodes`` entry with ``nat``: ``engine`` does not realise it."""
         for rule in self.base.nodes:
             if rule.nat is not None:
                 raise rule.origin.at(NAT_KEY).error(
-                    "this version of Squall does not put nodes behind NAT in its clusters (the node would be "
-                    "reachable by every peer)", value=rule.nat or True,
-                    allowed="no nat key in a profile that runs; 'squall profiles validate' checks it")
+                    f"the {engine} engine does not put nodes behind NAT (the node would be reachable by every "
+                    "peer)", value=rule.nat or True, allowed="the local engine (--engine local), or no nat key")
 
     def validate_for(self, n: int, *, duration_s: float = REFERENCE_RUN_S) -> list[str]:
         """Check everything that depends on n (random churn for a run of ``duration_s``); raise ProfileError,

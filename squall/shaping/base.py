@@ -53,6 +53,17 @@ class LinkState:
     links: Mapping[tuple[int, int], LinkSpec]  # every ordered pair (src, dst), src != dst
     node_links: Mapping[int, NodeLinkSpec] = field(default_factory=dict)  # shared up/downlink caps
     blocked: frozenset[tuple[int, int]] = frozenset()  # directed pairs cut (link down, partition)
+    nat: tuple[tuple[int, ...], ...] = ()  # NAT sites: the nodes behind each NAT (disjoint); others are reachable
+
+    def site_of(self, node: int) -> int | None:
+        """The index of the NAT site ``node`` is behind, None when it is behind none."""
+        return next((k for k, site in enumerate(self.nat) if node in site), None)
+
+    def reachable(self, src: int, dst: int) -> bool:
+        """Whether ``src`` may open a connection to ``dst`` (TCP or UDP): ``dst`` is behind no NAT, or
+        behind the same one as ``src``. Replies to connections ``dst`` opened always reach it."""
+        site = self.site_of(dst)
+        return site is None or src in self.nat[site]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "tcp_rtt": "squall.calibration.probes:tcp_rtt",
     "train": "squall.protocols.train:train",
     "allreduce_bench": "squall.bench.allreduce:allreduce_bench",
+    "reach": "squall.worker.reach:reach",
     "command": "squall.worker.local_ranks:run_program",  # one rank, or several (nproc_per_node)
 }
 

@@ -139,13 +139,13 @@ def test_every_node_behind_nat_in_several_sites_is_warned_about() -> None:
     assert parse_profile(_nat("    - {nodes: all, nat: one}\n")).validate_for(3) == []
 
 
-def test_a_run_refuses_nat_which_no_cluster_realises_yet() -> None:
-    """``nat`` is read and checked (above), but a run would leave the node reachable: every run path refuses."""
+def test_nat_runs_on_the_local_engine_and_another_engine_refuses_it() -> None:
+    """The local engine realises ``nat`` (its rules live in the containers' namespaces); the swarm engine
+    would leave the node reachable, so a run there refuses it, naming the entry."""
     profile = parse_profile(_nat("    - {nodes: 0, uplink: 5mbit}\n    - {nodes: odd, nat: true}\n"))
-    assert profile.validate_for(4) == []  # squall profiles validate accepts it
+    assert profile.runnable_for(4) == []
+    assert state_at(profile, 4, 0.0).nat == ((1,), (3,))  # where every run plans its links
     with pytest.raises(ProfileError) as err:
-        profile.runnable_for(4)
-    assert err.value.key == "links.nodes[1].nat" and "does not put nodes behind NAT" in err.value.problem
-    with pytest.raises(ProfileError):
-        state_at(profile, 4, 0.0)  # where every run plans its links
-    parse_profile(_nat("    - {nodes: 0, uplink: 5mbit}\n")).runnable_for(4)  # no nat: runs
+        profile.runnable_for(4, engine="swarm")
+    assert err.value.key == "links.nodes[1].nat" and "swarm engine does not put nodes behind NAT" in err.value.problem
+    parse_profile(_nat("    - {nodes: 0, uplink: 5mbit}\n")).runnable_for(4, engine="swarm")  # no nat: runs

@@ -33,6 +33,7 @@ from squall.shaping.planning.shared_plan import (
     egress_tree,
     limiting_rate,
     link_spec,
+    nat_rules,
     validated,
 )
 
@@ -108,5 +109,6 @@ def plan_netem(endpoints: Sequence[Endpoint], state: LinkState,
                 rate = limiting_rate(spec.rate_bps, caps.uplink_bps)
                 leaves[dst] = (spec.rate_bps, netem_qdisc(spec, rate))
         tc = egress_tree(ep.device, leaves, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
-        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(drop_rules(ep.index, state, eps)))
+        rules = drop_rules(ep.index, state, eps) + nat_rules(ep.index, state, eps)
+        plans[ep.index] = NodePlan(ep.index, ep.device, tuple(tc), tuple(rules))
     return plans

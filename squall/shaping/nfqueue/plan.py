@@ -36,6 +36,7 @@ from squall.shaping.planning.shared_plan import (
     drop_rules,
     egress_tree,
     link_spec,
+    nat_rules,
     tee_rules,
     validated,
 )
@@ -150,7 +151,7 @@ def plan_nfqueue(endpoints: Sequence[Endpoint], state: LinkState, *, leaves: fro
                 limit = fifo_limit(spec, min(rate, caps.uplink_bps or rate))
                 tree[dst] = (spec.rate_bps, Pfifo(limit))
         tc = egress_tree(ep.device, tree, caps.uplink_bps, eps) + downlink_tree(ep.device, caps.downlink_bps)
-        rules = drop_rules(ep.index, state, eps) + tee_rules(ep.index, state, eps)
+        rules = drop_rules(ep.index, state, eps) + nat_rules(ep.index, state, eps) + tee_rules(ep.index, state, eps)
         held = receive_queues(ep.index, state, eps, queues)
         plans[ep.index] = NfqueuePlan(ep.index, ep.device, tuple(tc), tuple(rules), tuple(held))
     return plans

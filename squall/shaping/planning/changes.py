@@ -89,7 +89,7 @@ def cuts_as_loss(state: LinkState) -> LinkState:
     links = dict(state.links)
     for pair in state.blocked:
         links[pair] = dataclasses.replace(links.get(pair, LinkSpec()), loss=Loss(probability=1.0))
-    return LinkState(links=links, node_links=state.node_links)
+    return dataclasses.replace(state, links=links, blocked=frozenset())
 
 
 def changed_links(before: LinkState | None, after: LinkState) -> tuple[Pair, ...]:

@@ -173,18 +173,25 @@ TcOp = DeviceOp | QdiscOp | ClassOp | FilterOp
 
 # ----------------------------------------------------------------------------- iptables
 
-Hook = Literal["PREROUTING", "POSTROUTING"]
-Action = Literal["DROP", "TEE"]
+Hook = Literal["PREROUTING", "POSTROUTING", "INPUT"]
+Action = Literal["DROP", "DROP_NEW", "TEE", "SNAT"]
 
 
 @dataclass(frozen=True)
 class RuleOp:
-    """One iptables rule in the run's chain for ``hook`` (mangle table) of one namespace."""
+    """One iptables rule in the run's chain for ``hook`` of one namespace.
 
-    hook: Hook  # PREROUTING: where packets arrive (matched by source); POSTROUTING: leaving (by destination)
-    action: Action  # DROP (cut link) or TEE (duplicate)
-    peer: str  # the other node's address: source in PREROUTING, destination in POSTROUTING
+    PREROUTING (mangle, where packets arrive; matched by source): DROP (cut link), DROP_NEW (what a NAT
+    refuses: a connection a peer outside its site opens). POSTROUTING (mangle, leaving; by destination):
+    TEE (duplicate), DROP (a packet to a NAT's address that no connection maps back, which a NAT drops).
+    INPUT (nat, arriving; by source): SNAT (a peer behind a NAT is seen at the NAT's address ``to``).
+    """
+
+    hook: Hook
+    action: Action
+    peer: str  # the other node's address: source in PREROUTING and INPUT, destination in POSTROUTING
     probability: float | None = None  # TEE: chance per packet, 0-1
+    to: str | None = None  # SNAT: the address the peer is seen at
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ from squall.shaping.planning.ops import (
 
 ROOT = handle(ROOT_MAJOR)  # 1:
 DOWNLINK_FIFO_LIMIT = 1_000  # packets queued in front of a downlink cap
+NAT_PREFIX = 24  # a NAT's address is taken from the top of the /24 the endpoints share (the local engine's)
 
 # A leaf for one destination: (rate that limits it or None, the qdisc under its class)
 Leaf = tuple[int | None, Qdisc]
@@ -102,7 +103,31 @@ def validated(endpoints: Sequence[Endpoint], state: LinkState) -> dict[int, Endp
             raise ShapingError(f"node_links[{node}]: expected a NodeLinkSpec, got {type(caps).__name__}")
         check_rate(caps.uplink_bps, f"node {node} uplink")
         check_rate(caps.downlink_bps, f"node {node} downlink")
+    if state.nat:
+        _check_nat(state, by_index)
     return dict(sorted(by_index.items()))
+
+
+def _check_nat(state: LinkState, eps: Mapping[int, Endpoint]) -> None:
+    seen: set[int] = set()
+    for k, site in enumerate(state.nat):
+        for node in site:
+            if node not in eps:
+                raise ShapingError(f"nat site {k}: node {node} is not an endpoint")
+            if node in seen:
+                raise ShapingError(f"nat: node {node} is in two sites")
+            seen.add(node)
+    net = _nat_network(eps)
+    taken = {ep.address for ep in eps.values()}
+    for k in range(len(state.nat)):
+        address = nat_address(eps, k)
+        if address in taken or ipaddress.ip_address(address) not in net:
+            raise ShapingError(f"nat site {k}: its address {address} is taken or outside {net}: too many sites "
+                               f"({len(state.nat)}) for the run's endpoints")
+    outside = [ep for ep in eps.values() if ipaddress.ip_address(ep.address) not in net]
+    if outside:
+        raise ShapingError(f"nat: endpoint {outside[0].index} ({outside[0].address}) is outside {net}: a NAT's "
+                           f"address is taken from the /{NAT_PREFIX} the endpoints share")
 
 
 def _check_endpoint(ep: Endpoint) -> None:
@@ -211,6 +236,41 @@ def downlink_tree(device: str, downlink_bps: int | None) -> list[TcOp]:
 def drop_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
     """In the receiver: DROP everything from each source whose link to it is cut."""
     return [RuleOp("PREROUTING", "DROP", eps[src].address) for src in eps if (src, node) in state.blocked]
+
+
+def _nat_network(eps: Mapping[int, Endpoint]) -> ipaddress.IPv4Network:
+    first = eps[min(eps)]
+    return ipaddress.IPv4Network(f"{first.address}/{NAT_PREFIX}", strict=False)
+
+
+def nat_address(eps: Mapping[int, Endpoint], site: int) -> str:
+    """The address peers see NAT site ``site`` at: counted down from the top of the /24 the endpoints
+    share (the clusters hand out their addresses from the bottom). It is routed like a neighbour, so a
+    peer can send to it, but never carries a packet: a reply to it is translated back to the node's
+    own address before it leaves the peer, and anything else sent to it is dropped there."""
+    return str(_nat_network(eps).broadcast_address - 1 - site)
+
+
+def nat_rules(node: int, state: LinkState, eps: Mapping[int, Endpoint]) -> list[RuleOp]:
+    """Everything that puts the NAT sites of ``state`` in front of their nodes, as seen from ``node``.
+
+    Behind a NAT, ``node`` drops every connection a peer outside its site opens (conntrack state NEW,
+    TCP or UDP); replies to connections it opened are ESTABLISHED and pass, as through a NAT's
+    mapping. Outside a site, ``node`` sees the site's nodes at the site's address (SNAT where their
+    packets arrive, so a reply goes back to that address and conntrack maps it to the node's own on
+    the way out) and drops what it sends to that address that no mapping takes. Packets on the
+    bridge keep the nodes' own addresses, so every link is shaped and counted as without NAT.
+    """
+    rules: list[RuleOp] = []
+    if state.site_of(node) is not None:
+        rules += [RuleOp("PREROUTING", "DROP_NEW", eps[src].address) for src in eps
+                  if src != node and not state.reachable(src, node)]
+    for k, site in enumerate(state.nat):
+        if node not in site:
+            public = nat_address(eps, k)
+            rules += [RuleOp("INPUT", "SNAT", eps[member].address, to=public) for member in site]
+            rules.append(RuleOp("POSTROUTING", "DROP", public))
+    return rules
 
 
 def tee_rule(address: str, spec: LinkSpec) -> RuleOp:

@@ -1,6 +1,7 @@
 """The link state a profile asks for at one moment: :func:`state_at` (pure).
 
-``links`` and ``node_links`` come from the profile's base links and the phase in force at ``at``.
+``links`` and ``node_links`` come from the profile's base links and the phase in force at ``at``,
+``nat`` from its base links (a node's NAT holds for the whole run).
 ``blocked`` replays the churn events that happened up to and including ``at``, in their order:
 
 * ``link_down`` cuts its directed links, ``link_up`` restores them;
@@ -33,12 +34,11 @@ def state_at(profile: Profile, n: int, at: float) -> LinkState:
         raise ValueError(f"a cluster needs at least one node, got n={n}")
     if not math.isfinite(at) or at < 0:
         raise ValueError(f"'at' must be a finite time >= 0, got {at!r}")
-    profile.refuse_nat()  # every run plans its links here: NAT is not realised, never silently ignored
     links = profile.links(n, at)
     caps = {node: profile.node_link(node, n, at) for node in range(n)}
     node_links = {node: spec for node, spec in caps.items() if spec != NodeLinkSpec()}
     events = profile.churn_events(n, duration=math.nextafter(at, math.inf))  # every event with at_s <= at
-    return LinkState(links=links, node_links=node_links, blocked=blocked_after(events))
+    return LinkState(links=links, node_links=node_links, blocked=blocked_after(events), nat=profile.nat_sites(n))
 
 
 def blocked_after(events: Iterable[ChurnEvent]) -> frozenset[Pair]:
