@@ -18,7 +18,7 @@ from typing import Any
 from squall.checks.recovery import describe
 from squall.checks.verdict import Verdict
 from squall.cluster.preflight import preflight
-from squall.cluster.spec import LOCAL, MAX_WORKERS, default_engine, select_engine
+from squall.cluster.spec import MAX_WORKERS, default_engine, select_engine
 from squall.experiment.fidelity import SessionCalibration
 from squall.experiment.program import program_image
 from squall.experiment.session import Session
@@ -46,16 +46,15 @@ def cell_id(spec: ProgramSpec, profile: str, workers: int) -> str:
 def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
     """``squall run --workers N --profile P [--seconds S] [--metric ...] [--target ...] -- COMMAND``."""
     select_engine(args.engine)
-    if default_engine() != LOCAL:
-        raise ValueError("a program runs on the local engine only for now (--engine local)")
+    engine = default_engine()  # local, or swarm: the program's snapshot is copied to every node
     spec = program_from_args(command, metrics=args.metric or (), target=args.target, workdir=args.workdir,
                              requirements=args.requirements, pip=args.pip or (), name=args.name,
                              nproc_per_node=args.nproc_per_node,
                              exclude=args.exclude or (), agree=args.agree or ())
     profile = load_profile(args.profile)  # a bad profile or size is a usage error before anything starts
-    if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
+    if not profile.required_workers() <= args.workers <= MAX_WORKERS[engine]:
         raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
-                         f"{MAX_WORKERS[LOCAL]} workers, got {args.workers}")
+                         f"{MAX_WORKERS[engine]} workers on the {engine} engine, got {args.workers}")
     profile.runnable_for(args.workers)
     seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS
     cid = cell_id(spec, args.profile, args.workers)

@@ -345,8 +345,10 @@ def _watch(cell: Cell, workload: Workload, counters: CounterSampler, start_wall:
     cluster = cell.cluster
 
     def pid_of(rank: int) -> int:
-        if cluster.engine != LOCAL:
-            raise ExperimentError(f"stacks are taken on the local engine only, not {cluster.engine!r}")
+        if cluster.engine != LOCAL:  # py-spy runs here; the rank's process is in another machine's /proc
+            raise ExperimentError(f"stacks are not taken on the {cluster.engine} engine (py-spy runs on this machine, "
+                                  f"the rank on node {cluster.placement().get(rank, '?')}); its lines and bytes are "
+                                  "recorded as on one machine")
         return cluster.nodes[rank].pid
 
     after = cell.hang_after_s if cell.hang_after_s is not None else default_after(cell.seconds)

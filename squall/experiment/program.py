@@ -43,9 +43,9 @@ from squall.cluster.backend import ClusterBackend
 from squall.cluster.cluster import JobHandle
 from squall.cluster.jobs import JobResult
 from squall.cluster.netdev import LoopbackMeter, loopback_reader
-from squall.cluster.spec import LOCAL
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
 from squall.experiment.hangs import BUDGET_DUMP_BEFORE_S, Running
+from squall.experiment.job_mirror import JobMirror, sync_of
 from squall.experiment.lab import Lab
 from squall.experiment.timeline import Action
 from squall.programs.node_runs import split_node_run
@@ -281,6 +281,7 @@ class ProgramWorkload:
         self.runs: tuple[RankRun, ...] = ()  # every rank's runs, once ended
         self.nproc = int(self.config.get("nproc_per_node", 1))  # ranks per node
         self.loopback: LoopbackMeter | None = None  # each node's traffic inside it (None: the engine cannot say)
+        self.mirror: JobMirror | None = None  # ranks' lines copied from other machines (swarm)
 
     def begin(self, cluster: ClusterBackend, start: float) -> list[Path]:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -292,7 +293,18 @@ class ProgramWorkload:
             self.loopback.start()
         for rank in range(len(cluster.nodes)):
             self.supervisor.start(rank)
+        sync = sync_of(cluster)
+        if sync is not None:
+            self.mirror = JobMirror(sync, self._current_jobs).start()
         return [path for _, path in self._files(("metrics.jsonl",))]
+
+    def _current_jobs(self) -> list[tuple[int, str]]:
+        """(node, job id) of each rank's job running now."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return []
+        with supervisor._lock:
+            return sorted((node, handle.job_id) for node, (_, handle) in supervisor.current.items())
 
     def _files(self, names: tuple[str, ...]) -> list[tuple[int, Path]]:
         """(rank, file) of each running rank's files ``names`` in its node's job folder (a local rank's own
@@ -322,8 +334,12 @@ class ProgramWorkload:
             self.supervisor.start(node)
 
     def wait(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.wait()
+        try:
+            if self.supervisor is not None:
+                self.supervisor.wait()
+        finally:
+            if self.mirror is not None:
+                self.mirror.stop()
 
     def lines(self) -> list[tuple[int, Path]]:
         """Each running rank's stdout and stderr files (in the node's job folder)."""
@@ -407,6 +423,3 @@ def _ready(lab: Lab) -> None:
     cluster = lab.cluster
     if cluster is None or lab.shaper is None:
         raise ExperimentError("the lab is not started: use 'with Lab(...) as lab'")
-    if cluster.engine != LOCAL:
-        raise ExperimentError(f"a program runs on the local engine only for now, not {cluster.engine!r}: its folder "
-                              "is mounted from this machine")

@@ -4,7 +4,9 @@ This host's engine is the manager and holds no worker (the workers are constrain
 emulated nodes, at most two per node); each node runs its own engine, its node agent and two
 workers, and shapes only its own workers' links. A packet between the nodes crosses the overlay
 (VXLAN) and both nodes' overlay bridges: it must wait once, on its receiver's node, which the
-calibration of a cross-node link checks (5 ms set, 5 ms measured: neither 0 nor 10).
+calibration of a cross-node link checks (5 ms set, 5 ms measured: neither 0 nor 10). A user's
+program (the DDP example, from a folder outside the checkout) runs as 4 ranks across the two nodes:
+its folder reaches them only through the agents' copy, its files come back through them.
 
 Timing-sensitive: run under ``flock /tmp/squall-bench.lock`` (``make test-swarm`` does).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,15 +30,21 @@ from squall.calibration.runner import calibrate
 from squall.cluster import ClusterSpec
 from squall.cluster.backend import open_cluster
 from squall.cluster.gc import collect
+from squall.cluster.spec import Mount
 from squall.cluster.swarm.agent_image import ensure_agent_image
 from squall.cluster.swarm.cluster import SwarmCluster, SwarmNode
 from squall.cluster.swarm.dind import ROLE, DindNodes, DindSpec
+from squall.experiment.lab import PROGRAM_MOUNT, Lab
+from squall.experiment.program import run_program
+from squall.programs.spec import program_from_args
 from tests.integration.swarm_checks import leftovers, swarm_as_before
 from tests.timing import report_passed
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+#: The DDP example's model: 64 -> 512 -> 512 -> 10, float32.
+DDP_PARAMS = (64 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)
 
 
 
@@ -88,9 +97,19 @@ def two_nodes(docker_client: Any, worker_image: str, swarm_before: str) -> Itera
 
 
 @pytest.fixture(scope="module")
-def swarm4(docker_client: Any, two_nodes: DindNodes) -> Iterator[SwarmCluster]:
-    """Four workers, two on each emulated node, nothing preloaded."""
-    cluster = open_cluster(ClusterSpec(workers=4, memory="512m", preload=(), engine="swarm"), client=docker_client)
+def program_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DDP example copied outside the checkout: the nodes see it only through the agents' copy."""
+    folder = tmp_path_factory.mktemp("program") / "ddp"
+    shutil.copytree(REPO / "docs" / "examples" / "ddp", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def swarm4(docker_client: Any, two_nodes: DindNodes, program_folder: Path) -> Iterator[SwarmCluster]:
+    """Four workers, two on each emulated node, nothing preloaded, the program's folder copied to the nodes."""
+    mounts = (Mount(str(program_folder), PROGRAM_MOUNT),)
+    cluster = open_cluster(ClusterSpec(workers=4, memory="512m", preload=(), engine="swarm", mounts=mounts),
+                           client=docker_client)
     assert isinstance(cluster, SwarmCluster)
     cluster.constraints = (f"node.labels.squall.run=={two_nodes.run_id}",)
     cluster.max_per_node = 2
@@ -137,3 +156,28 @@ def test_the_manager_holds_no_worker_and_nodes_are_labelled(docker_client: Any, 
                 if n.attrs["Spec"]["Labels"].get("squall.run") == two_nodes.run_id}
     assert labelled == set(two_nodes.hostnames)
     assert two_nodes.timings.load_per_node and all(t > 0 for t in two_nodes.timings.load_per_node.values())
+
+
+def test_a_program_runs_across_the_nodes(swarm4: SwarmCluster, program_folder: Path, tmp_path: Path) -> None:
+    """The DDP example, 4 ranks on two machines: its folder copied through the agents, its files fetched, the
+    bytes each node's agent counted (gloo's ring all-reduce crosses the nodes every step)."""
+    steps = 8
+    program = program_from_args(["python", "train.py", "--steps", str(steps)], metrics=[r"loss=loss (\S+)"],
+                                workdir=str(program_folder))
+    t0 = time.monotonic()
+    with Lab(workers=4, cluster=swarm4, workdir=str(program_folder), engine="swarm") as lab:
+        run = run_program(lab, program, "wan-5ms", seconds=150, logs=tmp_path / "ranks")
+    took = time.monotonic() - t0
+    states = [(r.rank, r.state, r.exit_code) for r in run.runs]
+    assert states == [(r, "exited", 0) for r in range(4)], [r.describe() for r in run.runs]
+    for rank in range(4):
+        stdout = (tmp_path / "ranks" / f"rank{rank}" / "stdout.txt").read_text()
+        assert stdout.startswith("step 1 loss ") and f"step {steps} loss " in stdout, stdout[-500:]
+    where = swarm4.placement()
+    across = sum(c.bytes for (s, d), c in run.counters.links.items() if where[s] != where[d])
+    inside = sum(c.bytes for (s, d), c in run.counters.links.items() if where[s] == where[d])
+    ring = 2 * 3 / 4 * DDP_PARAMS * 4 * steps  # gloo's ring all-reduce, per rank
+    logger.info("program across two nodes: %.1f s, %d B between the nodes, %d B inside them (ring: %d B per "
+                "rank)", took, across, inside, ring)
+    assert across >= ring, (across, inside, ring)
+    assert run.trace.meta.engine == "swarm" and set(run.trace.meta.placement) == set(where.values())

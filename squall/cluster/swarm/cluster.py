@@ -59,9 +59,12 @@ from squall.cluster.image import REPO_ROOT
 from squall.cluster.jobs import JobResult
 from squall.cluster.ownership import write_owner
 from squall.cluster.spec import SWARM, ClusterSpec
+from squall.cluster.spec import Mount as ClusterMount
 from squall.cluster.subnets import pick_free
-from squall.cluster.swarm import membership
+from squall.cluster.swarm import folders, membership
 from squall.cluster.swarm.agent_image import ensure_agent_image
+from squall.cluster.swarm.folders import FolderError
+from squall.cluster.swarm.job_files import write_job
 from squall.cluster.swarm.remote import NodeLink, Placed, RelayAgentClient, SwarmShaper, offsets
 from squall.cluster.swarm.wire import NodeCommand
 from squall.shaping.base import Endpoint, Shaper
@@ -124,7 +127,7 @@ class SwarmJobHandle(JobHandle):
     def _wait_one(self, index: int) -> JobResult:
         result = super()._wait_one(index)
         node = self.cluster.nodes[index]
-        if isinstance(node, SwarmNode) and node.mirrored and result.state != "cancelled":
+        if isinstance(node, SwarmNode) and node.mirrored:  # cancelled too: a stopped rank's logs matter
             try:
                 self.cluster.fetch(node, self.job_id)
             except ClusterError as exc:
@@ -159,6 +162,8 @@ class SwarmCluster(Cluster):
         #: and at most this many per node (None: no limit), set before :meth:`start`
         self.constraints: tuple[str, ...] = ()
         self.max_per_node: int | None = None
+        self.lacking_image: tuple[str, ...] = ()  # nodes whose engine lacks the workers' image
+        self._image = ""
 
     # -- creation ---------------------------------------------------------------------------------
     def start(self) -> SwarmCluster:
@@ -181,6 +186,8 @@ class SwarmCluster(Cluster):
             deadline = time.monotonic() + self.spec.ready_timeout_s
             self._await_agents(deadline)
             self.offsets = offsets(self.links)
+            self._check_image_on_nodes(image)
+            self._copy_mounts()
             self._start_workers(image)
             self.nodes = self._await_workers(deadline)
             self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes], interrupt=self._stop.set)
@@ -294,7 +301,10 @@ class SwarmCluster(Cluster):
                **dict(self.spec.env)}
         mounts = [Mount(SRC_MOUNT, str(REPO_ROOT), type="bind", read_only=True),
                   Mount(RUN_MOUNT, f"{self.state_dir}/w{{{{.Task.Slot}}}}", type="bind")]
-        mounts += [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.spec.mounts]
+        copied = iter(range(len(self.spec.mounts)))
+        mounts += [Mount(m.target, str(folders.copy_dir(self.state_dir, next(copied))), type="bind", read_only=True)
+                   if self._is_copied(m) else Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                   for m in self.spec.mounts]
         command = ["python3", "-m", "squall.worker.agent", "--socket", f"{RUN_MOUNT}/agent.sock",
                    "--preload", ",".join(self.spec.preload)]
         service = self.client.services.create(
@@ -326,7 +336,9 @@ class SwarmCluster(Cluster):
                 return [self._node_of(slot - 1, *found[slot]) for slot in range(1, self.spec.workers + 1)]
             errors = self._task_errors(self.worker_service)
             if errors:
-                raise ClusterError(f"workers of run {self.run_id} failed to start: {'; '.join(errors[:3])}")
+                lacking = f" (nodes without the image {self._image}: {', '.join(self.lacking_image)})" \
+                    if self.lacking_image else ""
+                raise ClusterError(f"workers of run {self.run_id} failed to start: {'; '.join(errors[:3])}{lacking}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"only {len(found)} of {self.spec.workers} workers ran within "
                                    f"{self.spec.ready_timeout_s} s")
@@ -338,15 +350,64 @@ class SwarmCluster(Cluster):
         return SwarmNode(index, str(w["name"]), str(w["container_id"]), str(w["address"]), 0, run_dir,
                          host=node, link=self.links[node], mirrored=mirrored)
 
-    def fetch(self, node: SwarmNode, job_id: str) -> None:
-        """Copy a job's output files from the worker's node into ``node.run_dir`` here."""
+    def fetch(self, node: SwarmNode, job_id: str, *, every: bool = True) -> None:
+        """Copy a job's files from the worker's node into ``node.run_dir`` here (:mod:`.job_files`; without
+        ``every``, its text files only: a running program's lines)."""
         assert node.link is not None
-        files = node.link.call(NodeCommand.FETCH, slot=node.index + 1, job_id=job_id)["files"]
-        out = node.run_dir / "jobs" / job_id
-        out.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            if name in ("result.json", "metrics.jsonl", "log.txt"):
-                (out / name).write_text(text)
+        answer = node.link.call(NodeCommand.FETCH, slot=node.index + 1, job_id=job_id, every=every, timeout=60)
+        try:
+            left_out = write_job(answer, node.run_dir / "jobs" / job_id)
+        except (FolderError, ValueError, OSError) as exc:
+            raise ClusterError(f"worker {node.index}: job {job_id}'s files from node {node.host}: {exc}") from exc
+        if left_out and every:
+            logger.warning("worker %d: job %s: %d file(s) too large to copy from node %s, left there: %s", node.index,
+                           job_id, len(left_out), node.host, ", ".join(left_out[:5]))
+
+    def sync_job(self, index: int, job_id: str) -> None:
+        """While a job runs: its text files (a program's stdout and stderr) copied here if its worker is on
+        another machine, so what watches them (the hang watch, the live display) sees them grow."""
+        node = self._swarm_node(index)
+        if node.mirrored:
+            self.fetch(node, job_id, every=False)
+
+    def _check_image_on_nodes(self, image: str) -> None:
+        """Which nodes lack the workers' image: Swarm pulls nothing from here, each node needs its own copy
+        (``docker save | docker load``); named if the workers fail to start."""
+        self._image = image
+        answers = [link.call(NodeCommand.IMAGE, name=image) for link in self.links.values()]
+        self.lacking_image = tuple(sorted(str(a["node"]) for a in answers if not a["present"]))
+        if self.lacking_image:
+            logger.warning("image %s is not on swarm node(s) %s: no worker can run there", image,
+                           ", ".join(self.lacking_image))
+
+    @staticmethod
+    def _is_copied(mount: ClusterMount) -> bool:
+        return folders.is_copied(mount.source, mount.read_only, REPO_ROOT)
+
+    def _copy_mounts(self) -> None:
+        """Copy each read-only mount outside the checkout (a program's snapshot, a third party's code) to every
+        node, through its agent (:mod:`.folders`): the workers mount the node's copy."""
+        copied = [m for m in self.spec.mounts if self._is_copied(m)]
+        if not copied:
+            return
+        if len(copied) > folders.MAX_MOUNTS:
+            raise ClusterError(f"{len(copied)} folders to copy to the nodes; at most {folders.MAX_MOUNTS}")
+        t0 = time.monotonic()
+
+        def one(link: NodeLink) -> int:
+            sent = 0
+            for k, m in enumerate(copied):
+                for dirs, pieces in folders.requests_for(Path(m.source)):
+                    link.call(NodeCommand.PUT_FILES, mount=k, dirs=dirs, pieces=pieces, timeout=120)
+                    sent += sum(len(p["data"]) for p in pieces)
+            return sent
+
+        try:
+            sent = self._parallel([partial(one, link) for link in self.links.values()], interrupt=self._stop.set)
+        except FolderError as exc:
+            raise ClusterError(f"copying a folder to the swarm's nodes: {exc}") from exc
+        logger.info("%d folder(s) copied to %d node(s) in %.1f s (%.1f MB of base64 each)", len(copied),
+                    len(self.links), time.monotonic() - t0, max(sent, default=0) / 1e6)
 
     def start_job(self, entry: str, config: dict[str, Any] | None = None, *, nodes: Sequence[int] | None = None,
                   timeout: float = 120.0, seed: int = 0,

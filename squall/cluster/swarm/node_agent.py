@@ -15,8 +15,11 @@ read from the Swarm secret at start). What it does, always for *this node's* wor
   that lands in its own namespaces (workers on other nodes are handed to the shaper as namespaces
   that are not here, which the shapers skip);
 * ``relay``: passes a request to a worker's job agent (its Unix socket in the state directory) and
-  returns the answer, so jobs run and are waited for as on the local engine; ``fetch``: a finished
-  job's result, metrics and log, for a harness on another machine;
+  returns the answer, so jobs run and are waited for as on the local engine; ``fetch``: a job's
+  files (:mod:`.job_files`), for a harness on another machine;
+* ``put_files``: pieces of a folder the workers mount (a program's snapshot), written into the run's
+  copy of it on this node (:mod:`.folders`: relative paths only, checked); ``image``: whether this
+  node's engine holds an image the workers need;
 * ``container`` and ``link``: churn (kill, pause, unpause, restart; interface down/up) on this
   node's workers;
 * ``hello``: the node's name and clock, for the harness to measure clock offsets.
@@ -51,7 +54,8 @@ from docker import errors as docker_errors
 
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.errors import JobError
-from squall.cluster.swarm import wire
+from squall.cluster.swarm import folders, wire
+from squall.cluster.swarm.job_files import read_job
 from squall.cluster.swarm.wire import NodeCommand
 from squall.shaping.base import (
     ELSEWHERE_PREFIX,
@@ -74,8 +78,6 @@ HOST_PROC = os.environ.get("SQUALL_HOST_PROC", "/host/proc")
 CONTAINER_ACTIONS = ("kill", "pause", "unpause", "restart", "start")
 SLOT_LABEL = "com.docker.swarm.task.name"  # "<service>.<slot>.<task id>"
 JOB_ID = re.compile(r"^j[0-9]{4,9}$")  # the cluster's job ids; nothing else names a directory to read
-JOB_FILES = ("result.json", "metrics.jsonl", "log.txt")
-MAX_JOB_FILE = 4 << 20  # per file in one answer (the answer line is bounded by wire.MAX_LINE)
 SERVICE_LABEL = "com.docker.swarm.service.name"
 
 
@@ -193,19 +195,36 @@ class Agent:
         subprocess.run(["nsenter", f"--net={path}", "ip", "link", "set", "dev", "eth0", "up" if up else "down"],
                        check=True, capture_output=True, timeout=10)
 
-    def fetch(self, slot: int, job_id: str) -> dict[str, str]:
-        """A job's output files on this node (result, metrics, log), for a harness on another machine."""
+    def fetch(self, slot: int, job_id: str, every: bool = False) -> dict[str, Any]:
+        """A job's files on this node (:func:`~.job_files.read_job`), for a harness on another machine."""
         if not 1 <= slot <= self.config.workers or not JOB_ID.match(job_id):
             raise ValueError(f"no job {job_id!r} on slot {slot}")
-        out = slot_dir(self.config.run_dir, slot) / "jobs" / job_id
-        files = {}
-        for name in JOB_FILES:
-            with contextlib.suppress(FileNotFoundError):
-                data = (out / name).read_bytes()
-                if len(data) > MAX_JOB_FILE:  # keep the end: the last records and the traceback matter
-                    data = data[-MAX_JOB_FILE:].split(b"\n", 1)[-1]
-                files[name] = data.decode(errors="replace")
-        return files
+        return read_job(slot_dir(self.config.run_dir, slot) / "jobs" / job_id, every=every)
+
+    def put_files(self, request: dict[str, Any]) -> int:
+        """Write pieces of the run's copied mount ``request["mount"]`` into its copy on this node (:mod:`.folders`);
+        the number of pieces written."""
+        root = folders.copy_dir(self.config.run_dir, int(request["mount"]))
+        root.mkdir(parents=True, exist_ok=True)
+        folders.make_dirs(root, request.get("dirs", []))
+        pieces = request.get("pieces", [])
+        if not isinstance(pieces, list):
+            raise folders.FolderError("pieces must be a list")
+        for piece in pieces:
+            folders.write_piece(root, piece)
+        for path in (root.parent, root, *root.rglob("*")):  # the harness's user reads it, and removes it at the end
+            os.chown(path, *self.config.owner)
+            if path.is_dir():
+                path.chmod(0o755)
+        return len(pieces)
+
+    def has_image(self, name: str) -> bool:
+        """Whether this node's engine holds image ``name``."""
+        try:
+            self.docker.images.get(name)
+        except docker_errors.ImageNotFound:
+            return False
+        return True
 
     # -- shaping ----------------------------------------------------------------------------------
     def name_overlay_namespace(self) -> str | None:
@@ -297,7 +316,10 @@ class Agent:
                                           "run": self.config.run_id},
             NodeCommand.WORKERS: lambda r: {"ok": True, "node": self.node, "workers": self.workers()},
             NodeCommand.RELAY: self.relay,
-            NodeCommand.FETCH: lambda r: {"ok": True, "files": self.fetch(int(r["slot"]), str(r["job_id"]))},
+            NodeCommand.FETCH: lambda r: {"ok": True, **self.fetch(int(r["slot"]), str(r["job_id"]),
+                                                                   bool(r.get("every", False)))},
+            NodeCommand.PUT_FILES: lambda r: {"ok": True, "written": self.put_files(r)},
+            NodeCommand.IMAGE: lambda r: {"ok": True, "node": self.node, "present": self.has_image(str(r["name"]))},
             NodeCommand.CONTAINER: _done(lambda r: self.container(str(r["container_id"]), str(r["action"]))),
             NodeCommand.LINK: _done(lambda r: self.link(str(r["container_id"]), bool(r["up"]))),
             NodeCommand.SHAPE_OPEN: lambda r: {"ok": True,
