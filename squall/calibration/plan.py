@@ -74,11 +74,15 @@ class TransferPlan:
     seconds: float  # from the receiver's first byte to the end of its window
     warmup_s: float  # not counted
     slot_s: float = 0.0  # time it holds in a schedule: seconds + gap + one round trip
+    dial_back: bool = False  # the receiver is behind a NAT the sender cannot open: it opens the connection
 
     def to_config(self) -> dict[str, object]:
         """The entry of ``tcp_goodput``'s ``transfers``."""
-        return {"src": self.link[0], "dst": self.link[1], "at_s": round(self.at_s, 3),
-                "seconds": round(self.seconds, 3), "warmup_s": round(self.warmup_s, 3)}
+        config: dict[str, object] = {"src": self.link[0], "dst": self.link[1], "at_s": round(self.at_s, 3),
+                                     "seconds": round(self.seconds, 3), "warmup_s": round(self.warmup_s, 3)}
+        if self.dial_back:
+            config["dial_back"] = True
+        return config
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class ProbePlan:
     notes: tuple[str, ...]  # sampling and budget decisions, for the report
     loss_resolution: float = LOSS_RESOLUTION  # half-width of the loss acceptance region over the mean it asks for
     uplinks: tuple[tuple[TransferPlan, ...], ...] = ()  # per node with an uplink cap: to every peer at once
+    punch: tuple[Link, ...] = ()  # checked links into a NAT their source cannot open: the receiver opens them
 
     @property
     def udp_seconds(self) -> float:
@@ -113,6 +118,10 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
     """Choose links, probe sizes and the transfer schedule for ``state`` on ``n`` nodes."""
     notes: list[str] = []
     links = _chosen(state, n, pairs, max_links=max_links, seed=seed, notes=notes)
+    closed = [link for link in links if not state.reachable(*link) and not state.reachable(link[1], link[0])]
+    if closed:  # named pairs only: the links chosen here are never closed
+        raise ValueError(f"pair {closed[0][0]} -> {closed[0][1]}: both nodes are behind NATs of different sites, "
+                         "so neither can open a connection to the other and the link carries nothing")
     alpha = sidak(FAMILY_ALPHA, len(links))
     confidence = 1.0 - alpha
     rate = min(UDP_RATE_PPS, MAX_UDP_PPS / len(links))
@@ -131,8 +140,11 @@ def plan_probes(state: LinkState, n: int, *, pairs: Sequence[Link] | None = None
                         if chance.probability > 0})
     if unchecked:
         notes.append(f"{' and '.join(unchecked)} configured but not checked")
+    punch = tuple(link for link in links if not state.reachable(*link))
+    if punch:
+        notes.append(f"{len(punch)} link(s) into a NAT: the node behind it opens the probes' and transfers' way")
     return ProbePlan(tuple(links), count, rate, wait, min(BASELINE_COUNT, count), confidence, tuple(transfers),
-                     tuple(notes), resolution, uplinks)
+                     tuple(notes), resolution, uplinks, punch)
 
 
 def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links: int, seed: int,
@@ -145,15 +157,19 @@ def _chosen(state: LinkState, n: int, pairs: Sequence[Link] | None, *, max_links
         if not chosen:
             raise ValueError("pairs is empty: name at least one directed link")
         return chosen
-    every = [(s, d) for s in range(n) for d in range(n) if s != d]
+    every = [(s, d) for s in range(n) for d in range(n) if s != d and (state.reachable(s, d) or state.reachable(d, s))]
+    if len(every) < n * (n - 1):
+        notes.append(f"left out {n * (n - 1) - len(every)} link(s) between nodes behind different NATs "
+                     "(they carry nothing)")
     if not every:
         raise ValueError(f"a cluster of {n} node(s) has no links to check")
     if len(every) <= max_links:
         return every
-    unordered = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    unordered = [(a, b) for a in range(n) for b in range(a + 1, n) if state.reachable(a, b) or state.reachable(b, a)]
     classes: dict[object, Link] = {}
     for a, b in unordered:
-        key = (state.links[(a, b)], state.links[(b, a)], state.node_links.get(a), state.node_links.get(b))
+        key = (state.links[(a, b)], state.links[(b, a)], state.node_links.get(a), state.node_links.get(b),
+               state.reachable(a, b), state.reachable(b, a))  # a way into a NAT is a kind of its own
         classes.setdefault(key, (a, b))
     picked = list(classes.values())[: max(1, max_links // 2)]
     rest = [p for p in unordered if p not in picked]
@@ -203,7 +219,7 @@ def _schedule(state: LinkState, links: list[Link], window_s: float) -> list[Tran
         bdp_segments = rate / 8 * rtt / MSS_BYTES
         warmup = max(0.3, rtt * (math.log2(max(1.0, bdp_segments / 10)) + 3))
         slot = warmup + window_s + GAP_S + rtt
-        plans.append(TransferPlan((s, d), at, warmup + window_s, warmup, slot))
+        plans.append(TransferPlan((s, d), at, warmup + window_s, warmup, slot, dial_back=not state.reachable(s, d)))
         at += slot
     return plans
 
@@ -218,13 +234,14 @@ def fan_outs(state: LinkState, n: int, links: Sequence[Link], window_s: float) -
         cap = state.node_links.get(node)
         if cap is None or cap.uplink_bps is None or cap in caps or len(groups) == MAX_UPLINKS:
             continue
-        alone = _schedule(state, [(node, d) for d in range(n) if d != node], window_s)  # blocked links left out
+        peers = [(node, d) for d in range(n) if d != node and (state.reachable(node, d) or state.reachable(d, node))]
+        alone = _schedule(state, peers, window_s)  # blocked links left out
         if len(alone) < 2:
             continue
         caps.add(cap)
         warmup = max(t.warmup_s for t in alone)
-        groups.append(tuple(TransferPlan(t.link, 0.0, warmup + window_s, warmup, warmup + window_s + GAP_S)
-                            for t in alone))
+        groups.append(tuple(TransferPlan(t.link, 0.0, warmup + window_s, warmup, warmup + window_s + GAP_S,
+                                         dial_back=t.dial_back) for t in alone))
     return tuple(groups)
 
 

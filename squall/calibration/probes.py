@@ -19,6 +19,12 @@ hosts NTP keeps it within a millisecond, far below the lead time the host gives.
 * ``tcp_rtt``: request/response round trips over one TCP connection per pair, the fallback when
   UDP cannot be used (it sees retransmissions, not loss).
 
+Through a NAT. A link into a node behind a NAT carries only what answers a connection that node
+opened, as on the internet. For such a pair the node opens it: in ``udp_probe`` (``punch``) the
+target sends hellos from its echo server to the prober's client socket (a fixed port then), and
+the prober probes the address the hellos came from (the NAT's); in ``tcp_goodput`` a transfer
+with ``dial_back`` is a connection the receiver opens and the sender streams into.
+
 All times in the summaries are microseconds; summaries are ``{count, mean, sd, min, p50, p90,
 p99, max}`` (``sd`` is the sample standard deviation, ``n - 1`` in the denominator).
 """
@@ -48,9 +54,12 @@ _CHUNK = 1 << 16  # bytes per send of the bulk transfer
 _RECV = 1 << 20  # receive buffer of the bulk transfer
 
 _UDP = struct.Struct("!BxHIqq")  # kind, source rank, sequence, client send ns, server receive ns
-_PROBE, _ECHO = 1, 2
+_PROBE, _ECHO, _HELLO = 1, 2, 3
+HELLO_LEAD_S = 0.3  # a target behind a NAT starts its hellos this long before the first probe
+HELLO_EVERY_S = 0.05  # ... and repeats them until the prober's first probe arrives
 _TCP_HELLO = struct.Struct("!HHI")  # source rank, transfer index, magic
 _MAGIC = 0x5351_4C4C
+_MAGIC_PULL = 0x5351_5055  # a receiver behind a NAT opened the connection: the sender streams into it
 
 
 # -- shared helpers ------------------------------------------------------------------------------
@@ -127,6 +136,7 @@ class UdpProbeConfig:
     port: int = UDP_PORT  # the echo servers' port
     start_wall: float = 0.0  # wall-clock time of the first send (every node uses the same)
     raw: bool = False  # also write every reply to metrics
+    punch: tuple[tuple[int, int], ...] = ()  # (prober, target) pairs whose target opens the way (behind a NAT)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], world_size: int) -> UdpProbeConfig:
@@ -140,7 +150,10 @@ class UdpProbeConfig:
             port=int(cfg.get("port", UDP_PORT)),
             start_wall=float(cfg.get("start_wall") or time.time() + START_LEAD_S),
             raw=bool(cfg.get("raw", False)),
+            punch=_pairs(cfg.get("punch", []), world_size) if cfg.get("punch") else (),
         )
+        if not set(conf.punch) <= set(conf.pairs):
+            raise ValueError(f"bad udp_probe config: punch {conf.punch} names pairs that are not probed")
         if conf.count < 1 or conf.rate_pps <= 0 or conf.wait_s < 0 or not _UDP.size <= conf.size <= 1400:
             raise ValueError(
                 f"bad udp_probe config {cfg!r}: need count >= 1, rate_pps > 0, wait_s >= 0, {_UDP.size} <= size <= 1400"
@@ -188,7 +201,10 @@ class _UdpNode:
         own = ctx.spec.peers[ctx.rank]  # bind the data-plane address: probes leave from it, as traffic does
         self.server = _udp_socket((own, conf.port))
         self.server_up_wall = time.time()
-        self.client = _udp_socket((own, 0))
+        # a prober whose target opens the way needs a port the target knows
+        self.client = _udp_socket((own, conf.port + 1 if any(s == ctx.rank for s, _ in conf.punch) else 0))
+        # targets behind a NAT: the probers they send hellos to, until each one's first probe arrives
+        self.hellos = {s: (ctx.spec.peers[s], conf.port + 1) for s, d in conf.punch if d == ctx.rank}
         mine = [d for s, d in conf.pairs if s == ctx.rank]
         step = int(1e9 / conf.rate_pps)
         self.step_ns = step
@@ -220,6 +236,8 @@ class _UdpNode:
     def _send_due(self, start_ns: int, now: int) -> int:
         """Send every datagram whose time has come; return when the next one is due."""
         nxt = 1 << 62
+        if self.hellos:
+            nxt = self._hello_due(start_ns, now)
         for t in self.targets:
             while t.sent < self.conf.count and start_ns + t.offset_ns + t.sent * self.step_ns <= now:
                 packet = _UDP.pack(_PROBE, self.ctx.rank, t.sent, time.monotonic_ns(), 0) + self.pad
@@ -229,6 +247,21 @@ class _UdpNode:
             if t.sent < self.conf.count:
                 nxt = min(nxt, start_ns + t.offset_ns + t.sent * self.step_ns)
         return nxt
+
+    def _hello_due(self, start_ns: int, now: int) -> int:
+        """Behind a NAT: open the way for each prober still waiting (a hello from the echo server)."""
+        every = int(HELLO_EVERY_S * 1e9)
+        first = start_ns - int(HELLO_LEAD_S * 1e9)
+        if now < first:
+            return first
+        hello = _UDP.pack(_HELLO, self.ctx.rank, 0, 0, 0)
+        for src in list(self.hellos):
+            if self.received.get(src):
+                del self.hellos[src]  # its probes arrive: the way is open
+                continue
+            with contextlib.suppress(OSError):
+                self.server.sendto(hello, self.hellos[src])
+        return now + every
 
     def _serve(self) -> None:
         for n, addr in _drain(self.server, self.buf):
@@ -247,12 +280,15 @@ class _UdpNode:
                 self.server.sendto(echo, addr)
 
     def _collect(self) -> None:
-        for n, _ in _drain(self.client, self.buf):
+        for n, addr in _drain(self.client, self.buf):
             got = time.monotonic_ns()
             if n < _UDP.size:
                 continue
             kind, rank, seq, sent_ns, server_ns = _UDP.unpack_from(self.buf)
             target = self.by_rank.get(rank)
+            if kind == _HELLO and target is not None and (self.ctx.rank, rank) in self.conf.punch:
+                target.address = addr  # where the target's NAT maps this socket's flow: probe it there
+                continue
             if kind != _ECHO or target is None:
                 continue
             if seq in target.replies:
@@ -353,6 +389,7 @@ class Transfer:
     seconds: float  # measured from the first byte the receiver sees
     warmup_s: float  # bytes before first byte + warmup_s do not count (slow start, token bucket burst)
     sndbuf: int = 0  # SO_SNDBUF of the sender; 0 lets the kernel autotune
+    dial_back: bool = False  # the receiver (behind a NAT) opens the connection, the sender streams into it
 
     @classmethod
     def parse(cls, index: int, raw: dict[str, Any], world_size: int) -> Transfer:
@@ -365,6 +402,7 @@ class Transfer:
             float(raw.get("seconds", 2.0)),
             float(raw.get("warmup_s", 0.5)),
             int(raw.get("sndbuf", 0)),
+            bool(raw.get("dial_back", False)),
         )
         _pairs([(t.src, t.dst)], world_size)
         if not 0 <= t.warmup_s < t.seconds or t.at_s < 0 or t.sndbuf < 0:
@@ -373,11 +411,16 @@ class Transfer:
 
 
 class _Receiver:
-    """Accepts the transfers meant for this node and measures each at the receiver."""
+    """Accepts the transfers meant for this node and measures each at the receiver; streams the
+    transfers whose receiver dials back into the connections it opens."""
 
-    def __init__(self, address: str, port: int, expected: list[Transfer]) -> None:
+    def __init__(self, address: str, port: int, expected: list[Transfer], pulled: list[Transfer],
+                 start_mono: float) -> None:
         self.expected = {t.index: t for t in expected}
+        self.pulled = {t.index: t for t in pulled}  # this node sends, its receiver connects
+        self.start_mono = start_mono
         self.results: dict[int, dict[str, Any]] = {}
+        self.sent: dict[int, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.lock = threading.Lock()
         self.sock = socket.create_server((address, port), backlog=64)
@@ -393,26 +436,38 @@ class _Receiver:
             except (OSError, ConnectionError) as exc:
                 self.errors.append(f"bad hello: {type(exc).__name__}: {exc}")
                 return
+            pull = self.pulled.get(index)
+            if magic == _MAGIC_PULL and pull is not None and pull.dst == src:
+                sent = _stream(conn, self.start_mono + pull.at_s + pull.seconds + 5.0, pull.sndbuf)
+                with self.lock:
+                    self.sent[index] = {"index": index, "dst": pull.dst, **sent}
+                return
             t = self.expected.get(index)
             if magic != _MAGIC or t is None or t.src != src:
                 self.errors.append(f"unexpected transfer {index} from rank {src}")
                 return
-            try:
-                result = _measure_stream(conn, t)
-            except (OSError, ConnectionError) as exc:
-                result = {"error": f"{type(exc).__name__}: {exc}"}
-            with contextlib.suppress(OSError):  # closing with unread data resets the sender: it stops
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            result = _measure_guarded(conn, t)
         with self.lock:
             self.results[index] = {"index": index, "src": src, "dst": t.dst, **result}
 
     def done(self) -> bool:
         with self.lock:
-            return len(self.results) >= len(self.expected)
+            return len(self.results) >= len(self.expected) and len(self.sent) >= len(self.pulled)
 
     def close(self) -> None:
         self.stop.set()
         self.sock.close()
+
+
+def _measure_guarded(conn: socket.socket, t: Transfer) -> dict[str, Any]:
+    """:func:`_measure_stream`, an error as a result; then reset the connection so its sender stops."""
+    try:
+        result = _measure_stream(conn, t)
+    except (OSError, ConnectionError) as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    with contextlib.suppress(OSError):  # closing with unread data resets the sender: it stops
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return result
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:
@@ -466,23 +521,43 @@ def _measure_stream(conn: socket.socket, t: Transfer) -> dict[str, Any]:
 def _send_transfer(peers: Sequence[str], port: int, rank: int, t: Transfer, start_mono: float) -> dict[str, Any]:
     """Connect at the transfer's time and send until the receiver closes (or a deadline passes)."""
     _sleep_until(start_mono + t.at_s)
-    deadline = start_mono + t.at_s + t.seconds + 5.0
-    sent, mss, error = 0, 0, None
     try:
         with _connect_retrying((peers[t.dst], port), until=start_mono + t.at_s + 3.0, source=peers[rank]) as sock:
-            if t.sndbuf:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, t.sndbuf)
             sock.sendall(_TCP_HELLO.pack(rank, t.index, _MAGIC))
-            mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-            chunk = b"\x5a" * _CHUNK
-            sock.settimeout(2.0)
-            while time.monotonic() < deadline:
-                sent += sock.send(chunk)
+            sent = _stream(sock, start_mono + t.at_s + t.seconds + 5.0, t.sndbuf)
+    except OSError as exc:
+        sent = {"sent_bytes": 0, "mss": 0, "error": f"{type(exc).__name__}: {exc}"}
+    return {"index": t.index, "dst": t.dst, **sent}
+
+
+def _stream(sock: socket.socket, deadline: float, sndbuf: int) -> dict[str, Any]:
+    """Send until the receiver closes (the normal end) or ``deadline`` (monotonic) passes."""
+    sent, mss, error = 0, 0, None
+    try:
+        if sndbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        mss = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+        chunk = b"\x5a" * _CHUNK
+        sock.settimeout(2.0)
+        while time.monotonic() < deadline:
+            sent += sock.send(chunk)
     except (ConnectionResetError, BrokenPipeError):
         pass  # the receiver closed the window: the normal end
     except OSError as exc:
         error = f"{type(exc).__name__}: {exc}"
-    return {"index": t.index, "dst": t.dst, "sent_bytes": sent, "mss": mss, "error": error}
+    return {"sent_bytes": sent, "mss": mss, "error": error}
+
+
+def _pull_transfer(peers: Sequence[str], port: int, rank: int, t: Transfer, start_mono: float) -> dict[str, Any]:
+    """Behind a NAT: open the connection to the sender at the transfer's time and measure what it streams."""
+    _sleep_until(start_mono + t.at_s)
+    try:
+        with _connect_retrying((peers[t.src], port), until=start_mono + t.at_s + 3.0, source=peers[rank]) as sock:
+            sock.sendall(_TCP_HELLO.pack(rank, t.index, _MAGIC_PULL))
+            result = _measure_guarded(sock, t)
+    except OSError as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"index": t.index, "src": t.src, "dst": t.dst, **result}
 
 
 def _connect_retrying(address: tuple[str, int], *, until: float, source: str) -> socket.socket:
@@ -506,30 +581,42 @@ def tcp_goodput(ctx: JobContext) -> dict[str, Any]:
     transfers = [Transfer.parse(i, raw, ctx.world_size) for i, raw in enumerate(cfg.get("transfers", []))]
     port = int(cfg.get("port", TCP_PORT))
     start_mono = _monotonic_at(float(cfg.get("start_wall") or time.time() + START_LEAD_S))
-    inbound = [t for t in transfers if t.dst == ctx.rank]
-    receiver = _Receiver(ctx.spec.peers[ctx.rank], port, inbound)
+    inbound = [t for t in transfers if t.dst == ctx.rank and not t.dial_back]
+    pulled = [t for t in transfers if t.src == ctx.rank and t.dial_back]
+    receiver = _Receiver(ctx.spec.peers[ctx.rank], port, inbound, pulled, start_mono)
     receiver.thread.start()
-    outbound = [t for t in transfers if t.src == ctx.rank]
+    outbound = [t for t in transfers if t.src == ctx.rank and not t.dial_back]
+    dialled = [t for t in transfers if t.dst == ctx.rank and t.dial_back]
     sent: list[dict[str, Any]] = [{} for _ in outbound]
+    pulls: list[dict[str, Any]] = [{} for _ in dialled]
 
     def send(k: int, t: Transfer) -> None:
         sent[k] = _send_transfer(ctx.spec.peers, port, ctx.rank, t, start_mono)
 
+    def pull(k: int, t: Transfer) -> None:
+        pulls[k] = _pull_transfer(ctx.spec.peers, port, ctx.rank, t, start_mono)
+
     # one thread per transfer, each waiting for its own start: transfers that start together (a node
     # sending to all its peers at once, to measure its shared uplink) run at the same time
-    senders = [threading.Thread(target=send, args=(k, t), daemon=True) for k, t in enumerate(outbound)]
+    threads = [threading.Thread(target=send, args=(k, t), daemon=True) for k, t in enumerate(outbound)]
+    threads += [threading.Thread(target=pull, args=(k, t), daemon=True) for k, t in enumerate(dialled)]
     try:
-        for thread in senders:
+        for thread in threads:
             thread.start()
-        for thread in senders:
+        for thread in threads:
             thread.join()
-        end = start_mono + max((t.at_s + t.seconds for t in inbound), default=0.0) + 5.0
+        end = start_mono + max((t.at_s + t.seconds for t in [*inbound, *pulled]), default=0.0) + 5.0
         while not receiver.done() and time.monotonic() < end:
             time.sleep(0.05)
     finally:
         receiver.close()
+    with receiver.lock:
+        results = {**receiver.results, **{p["index"]: p for p in pulls if p}}
+        sent += [receiver.sent.get(t.index, {"index": t.index, "dst": t.dst, "sent_bytes": 0, "mss": 0,
+                                             "error": "the receiver never connected"}) for t in pulled]
+    inbound += dialled
     received = [
-        receiver.results.get(t.index, {"index": t.index, "src": t.src, "dst": t.dst, "error": "no connection arrived"})
+        results.get(t.index, {"index": t.index, "src": t.src, "dst": t.dst, "error": "no connection arrived"})
         for t in inbound
     ]
     return {"rank": ctx.rank, "received": received, "sent": sent, "errors": receiver.errors}

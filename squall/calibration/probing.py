@@ -55,19 +55,19 @@ def _values(results: Sequence[JobResult]) -> dict[int, Mapping[str, Any] | None]
 
 
 def run_udp(cluster: ClusterBackend, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
-            raw: bool = True) -> tuple[UdpObservation, list[JobResult]]:
+            raw: bool = True, punch: Sequence[Link] = ()) -> tuple[UdpObservation, list[JobResult]]:
     """UDP echo probe of ``links`` (each probed by its source); returns the parsed view and the job results.
 
     With ``raw`` (the default) every answered probe comes back, so delays keep their samples. A
     node whose echo server came up after the start is noticed, and the probe is run once more with
     twice the lead.
     """
-    obs, results = finish_udp(start_udp(cluster, links, count=count, rate_pps=rate_pps, wait_s=wait_s, raw=raw),
-                              links)
+    obs, results = finish_udp(start_udp(cluster, links, count=count, rate_pps=rate_pps, wait_s=wait_s, raw=raw,
+                                        punch=punch), links)
     if any("came up" in p for p in obs.problems):
         logger.warning("UDP probe: %s; probing again with a longer lead", "; ".join(obs.problems))
         handle = start_udp(cluster, links, count=count, rate_pps=rate_pps, wait_s=wait_s, raw=raw,
-                           lead_s=_lead(cluster, 2.0))
+                           lead_s=_lead(cluster, 2.0), punch=punch)
         obs, results = finish_udp(handle, links)
     return obs, results
 
@@ -98,10 +98,15 @@ class UdpRun:
 
 
 def start_udp(cluster: ClusterBackend, links: Sequence[Link], *, count: int, rate_pps: float, wait_s: float,
-              raw: bool = True, lead_s: float | None = None) -> UdpRun:
-    """Start the UDP probe and return at once (to change the shaping while it runs)."""
+              raw: bool = True, lead_s: float | None = None, punch: Sequence[Link] = ()) -> UdpRun:
+    """Start the UDP probe and return at once (to change the shaping while it runs).
+
+    :param punch: links into a NAT their source cannot open (the target opens the way, see the probes).
+    """
     config: dict[str, Any] = {"pairs": [list(link) for link in links], "count": count, "rate_pps": rate_pps,
                               "wait_s": wait_s, "raw": raw}
+    if punch:
+        config["punch"] = [list(link) for link in punch]
     lead = _lead(cluster) if lead_s is None else lead_s
     start = time.time() + lead
     timeout = lead + count / rate_pps + wait_s + SLACK_S

@@ -120,7 +120,7 @@ class _Run:
 
         def probe() -> tuple[Baseline, float]:
             obs, _ = run_udp(self.cluster, self.plan.links, count=self.plan.baseline_count,
-                             rate_pps=self.plan.udp_rate_pps, wait_s=0.5)
+                             rate_pps=self.plan.udp_rate_pps, wait_s=0.5, punch=self.plan.punch)
             self.notes += [f"baseline: {p}" for p in obs.problems]
             base = Baseline.from_udp(obs, self.policy)
             return base, base.stalled
@@ -133,7 +133,7 @@ class _Run:
 
         def probe() -> tuple[UdpObservation, float]:
             udp, _ = run_udp(self.cluster, self.plan.links, count=self.plan.udp_count,
-                             rate_pps=self.plan.udp_rate_pps, wait_s=self.plan.udp_wait_s)
+                             rate_pps=self.plan.udp_rate_pps, wait_s=self.plan.udp_wait_s, punch=self.plan.punch)
             return udp, stalled_fraction(self.state, udp, self.policy)
 
         return self._least_stalled(probe, "UDP probe")

@@ -242,7 +242,6 @@ class Profile:
             for node in range(n):
                 self.node_link(node, n, phase.at_s if phase else 0.0)
         sites = self.nat_sites(n)
-        site_of = {node: k for k, site in enumerate(sites) for node in site}
         # every combination a run can see: each phase start and each trace row (one pass); one link
         # per pair of node classes, in the order of their first link, so an error names the same
         # link as checking every link in order would; a warning counts all of the pair's links
@@ -252,9 +251,6 @@ class Profile:
                 spec = resolver.build()
                 for warning in check_link(spec, resolver):
                     grouped[warning] += links
-                inbound = [(s, d) for s, d in links if d in site_of and site_of.get(s) != site_of[d]]
-                if inbound and spec.duplicate.probability > 0:
-                    _refuse_duplication_into_nat(resolver, inbound[0], n)
         warnings_nat = _nat_warnings(sites, n)
         self.churn.scheduled(n)
         self.churn.check_draws(n, duration_s)
@@ -303,14 +299,6 @@ def _check_node(node: int, n: int) -> None:
     """Reject a node index outside the cluster (a caller's mistake, not the profile's)."""
     if not 0 <= node < n:
         raise ValueError(f"node {node} is not in a cluster of {n} nodes")
-
-
-def _refuse_duplication_into_nat(resolver: Resolver, link: tuple[int, int], n: int) -> None:
-    """Duplication is an iptables TEE in the sender, which sees only the NAT's address of a node behind one."""
-    where = resolver.origins["duplicate"]
-    raise where.error(f"link {link[0]}->{link[1]} enters node {link[1]} through its NAT (for {n} workers), "
-                      "where a sender cannot duplicate packets for it", allowed="no duplicate on links into a node "
-                      "behind NAT from outside its site")
 
 
 def _nat_warnings(sites: tuple[tuple[int, ...], ...], n: int) -> list[str]:

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from squall import shaping
+from squall.calibration.runner import calibrate
 from squall.cluster import Cluster, ClusterSpec
 from squall.profiles import parse_profile
 from squall.shaping import Shaper
 from squall.shaping.kernel.iptables import normalize_save
 from squall.shaping.planning.shared_plan import nat_address
+from tests.timing import report_passed
 
 pytestmark = [pytest.mark.docker]
 
@@ -28,7 +30,7 @@ PROFILE = parse_profile("""
 name: nat-test
 description: node 1 behind its own NAT, nodes 2 and 3 behind one
 links:
-  default: {delay: 10ms}
+  default: {delay: 10ms, rate: 20mbit}
   nodes:
     - {nodes: 1, nat: true}
     - {nodes: [2, 3], nat: office}
@@ -124,5 +126,19 @@ def test_clearing_leaves_every_namespace_as_it_was(cluster: Cluster, reached: di
     shaper.clear()
     try:
         assert [_iptables(node.pid) for node in cluster.nodes] == pristine
+    finally:
+        shaper.apply(STATE)
+
+
+def test_calibration_measures_links_into_and_out_of_a_nat(cluster: Cluster, shaper: Shaper,
+                                                        reached: dict[int, dict[str, Any]]) -> None:
+    """0->1 can only carry what node 1 opened: the probes and the transfer go the way node 1 opens
+    (the report notes it), and every row passes as on any other link."""
+    report = calibrate(PROFILE, workers=4, cluster=cluster, shaper=shaper, pairs=[(0, 1), (1, 0), (3, 2)],
+                       quick=True)
+    try:
+        assert report.plan.punch == ((0, 1),) and any("into a NAT" in n for n in report.plan.notes)
+        assert {(r.link, r.metric) for r in report.rows} >= {((0, 1), "delay"), ((0, 1), "rate"), ((1, 0), "rate")}
+        report_passed(report)
     finally:
         shaper.apply(STATE)

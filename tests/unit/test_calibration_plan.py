@@ -123,3 +123,20 @@ def test_reschedule_packs_a_subset_back_to_back() -> None:
     assert [t.link for t in again] == [plan.transfers[3].link, plan.transfers[1].link]
     assert again[0].at_s == 0.0 and again[1].at_s == pytest.approx(plan.transfers[3].slot_s)
     assert again[1].at_s > again[0].seconds
+
+
+def test_links_into_a_nat_are_opened_by_the_node_behind_it_and_links_between_two_nats_left_out() -> None:
+    """Node 1 and node 2 behind NATs of their own: 0->1 and 0->2 are probed through the way the node
+    behind the NAT opens; 1<->2 carry nothing (neither can open the other) and are not checked."""
+    base = _state("wan-5ms", 3)
+    state = LinkState(base.links, nat=((1,), (2,)))
+    plan = plan_probes(state, 3)
+    assert set(plan.links) == {(0, 1), (1, 0), (0, 2), (2, 0)}
+    assert set(plan.punch) == {(0, 1), (0, 2)}
+    assert {t.link: t.dial_back for t in plan.transfers} == {(0, 1): True, (1, 0): False, (0, 2): True,
+                                                              (2, 0): False}
+    assert {t.link: t.to_config().get("dial_back") for t in plan.transfers}[(0, 1)] is True
+    assert "dial_back" not in next(t for t in plan.transfers if t.link == (1, 0)).to_config()
+    assert any("between nodes behind different NATs" in n for n in plan.notes)
+    with pytest.raises(ValueError, match="neither can open a connection"):
+        plan_probes(state, 3, pairs=[(1, 2)])
