@@ -18,7 +18,10 @@ registry and nothing is fetched inside the build:
    Wheels of CUDA or NVIDIA's runtime (:func:`squall.cluster.image.cuda_wheels`) stop it first.
 
 The tag is ``squall-program:<hash>`` of the worker image's tag, the recipe and the sorted requirement
-lines, so the same requirements reuse the image and a change builds a new one. A requirement that
+lines, so the same requirements reuse the image and a change builds a new one. The build context
+(recipe and wheels) is kept in the cache under that hash (:func:`ensure_program_context`), so the same
+image can be built again on an engine that has the worker image but not this one: a swarm node
+(:mod:`squall.cluster.swarm.cluster`), which pulls nothing. A requirement that
 cannot be had (no such package or version, no wheel and no buildable source) raises
 :class:`RequirementsError` naming it, before any container starts.
 """
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from squall import assets
 from squall.cluster.errors import ImageError
 from squall.cluster.image import (
     CONTAINERS_DIR,
@@ -50,6 +54,7 @@ from squall.cluster.image import (
 logger = logging.getLogger(__name__)
 
 REPO = "squall-program"
+CONTEXTS = "program-context"  # <cache>/program-context/<tag's hash>: a program image's build context, kept
 RECIPE_DIR = CONTAINERS_DIR / "program"
 #: Wheels built on the host from source distributions carry the host's tag (the same CPython 3.11).
 PLATFORMS = (*WHEEL_PLATFORMS, "manylinux_2_34_x86_64", "linux_x86_64")
@@ -226,6 +231,66 @@ def _recipe(where: Path, requirements: Sequence[str]) -> Path:
     return where
 
 
+def context_dir(tag: str) -> Path:
+    """Where the build context of program image ``tag`` is kept (it may not be there)."""
+    repo, _, digest = tag.partition(":")
+    if repo != REPO or not re.fullmatch(r"[0-9a-f]{6,64}", digest):
+        raise ImageError(f"{tag!r} is not a program image's tag ({REPO}:<hash>)")
+    return assets.cache_dir() / CONTEXTS / digest
+
+
+def cached_context(tag: str) -> Path | None:
+    """The kept build context of program image ``tag``, or None (not a program image, or never kept)."""
+    try:
+        folder = context_dir(tag)
+    except ImageError:
+        return None
+    return folder if (folder / "Dockerfile").is_file() else None
+
+
+def _keep_context(context: Path, tag: str) -> Path:
+    dest = context_dir(tag)
+    if (dest / "Dockerfile").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".keeping-", dir=dest.parent))
+    try:
+        shutil.copytree(context, tmp / "context")
+        try:
+            (tmp / "context").rename(dest)
+        except OSError:  # another process kept the same context first
+            if not (dest / "Dockerfile").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def ensure_program_context(client: Any, requirements: Sequence[str], *, source: str) -> Path:
+    """The build context (recipe, ``requirements.txt``, wheels) of the image for ``requirements``, downloaded
+    and kept if it is not yet: what a node that lacks the image builds it from.
+
+    :raises RequirementsError: a requirement cannot be installed.
+    :raises ImageError: the worker image is not built.
+    """
+    tag = program_image_tag(client, requirements)
+    if tag is None:
+        raise ImageError("the worker image is not built: run 'squall image build' (or 'make image') first")
+    kept = cached_context(tag)
+    if kept is not None:
+        return kept
+    base = current_worker_tag(client)
+    assert base is not None
+    with tempfile.TemporaryDirectory(prefix="squall-program-") as tmp:
+        work = Path(tmp)
+        (work / "recipe").mkdir()
+        recipe = _recipe(work / "recipe", requirements)
+        wheels = download(recipe / "requirements.txt", recipe / "wheels", work=work, source=source,
+                          installed=installed_in(client, base))
+        logger.info("%d wheels kept for building %s on other engines (%s)", len(wheels), tag, source)
+        return _keep_context(recipe, tag)
+
+
 def ensure_program_image(client: Any, requirements: Sequence[str], *, source: str) -> str:
     """The worker image with ``requirements`` installed, built if it is missing; its tag.
 
@@ -247,6 +312,9 @@ def ensure_program_image(client: Any, requirements: Sequence[str], *, source: st
             wheels = download(context / "requirements.txt", context / "wheels", work=work, source=source,
                               installed=installed_in(client, base))
             logger.info("%d wheels for the program image (%s)", len(wheels), source)
+            tag = program_image_tag(client, requirements)
+            if tag is not None:  # kept for the engines that lack the image (swarm nodes)
+                _keep_context(context, tag)
 
         return ensure_variant_image(client, repo=REPO, recipe_dir=recipe, files=("Dockerfile", "requirements.txt"),
                                     prepare=prepare)

@@ -43,6 +43,7 @@ from squall.cluster.backend import ClusterBackend
 from squall.cluster.cluster import JobHandle
 from squall.cluster.jobs import JobResult
 from squall.cluster.netdev import LoopbackMeter, loopback_reader
+from squall.cluster.spec import SWARM, default_engine
 from squall.experiment.driver import CounterSampler, Ended, ExperimentError, drive
 from squall.experiment.hangs import BUDGET_DUMP_BEFORE_S, Running
 from squall.experiment.job_mirror import JobMirror, sync_of
@@ -248,16 +249,21 @@ def _program_json(out_dir: Path) -> dict[str, Any]:
 
 # -- the run -----------------------------------------------------------------------------------------
 def program_image(program: ProgramSpec) -> str | None:
-    """The image with ``program``'s requirements (built when missing), or None for the worker image.
+    """The image with ``program``'s requirements (built when missing), or None for the worker image; on the
+    swarm engine its build context is kept too, for the nodes that lack the image.
 
     :raises RequirementsError: a requirement cannot be installed (before any container starts).
     """
     if not program.requirements:
         return None
     from squall.cluster.engine import docker_client
-    from squall.cluster.program_image import ensure_program_image
+    from squall.cluster.program_image import ensure_program_context, ensure_program_image
 
-    return ensure_program_image(docker_client(), program.requirements, source=program.requirements_source)
+    client = docker_client()
+    tag = ensure_program_image(client, program.requirements, source=program.requirements_source)
+    if default_engine() == SWARM:  # a node without the image builds it from the same context
+        ensure_program_context(client, program.requirements, source=program.requirements_source)
+    return tag
 
 
 class ProgramWorkload:

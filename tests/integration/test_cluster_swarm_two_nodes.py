@@ -5,8 +5,9 @@ emulated nodes, at most two per node); each node runs its own engine, its node a
 workers, and shapes only its own workers' links. A packet between the nodes crosses the overlay
 (VXLAN) and both nodes' overlay bridges: it must wait once, on its receiver's node, which the
 calibration of a cross-node link checks (5 ms set, 5 ms measured: neither 0 nor 10). A user's
-program (the DDP example, from a folder outside the checkout) runs as 4 ranks across the two nodes:
-its folder reaches them only through the agents' copy, its files come back through them.
+program (the DDP example, from a folder outside the checkout, with a requirement) runs as 4 ranks
+across the two nodes: its folder reaches them only through the agents' copy, its derived image is
+built on each node from the context kept here, its files come back through the agents.
 
 Timing-sensitive: run under ``flock /tmp/squall-bench.lock`` (``make test-swarm`` does).
 """
@@ -30,6 +31,7 @@ from squall.calibration.runner import calibrate
 from squall.cluster import ClusterSpec
 from squall.cluster.backend import open_cluster
 from squall.cluster.gc import collect
+from squall.cluster.program_image import ensure_program_context, ensure_program_image
 from squall.cluster.spec import Mount
 from squall.cluster.swarm.agent_image import ensure_agent_image
 from squall.cluster.swarm.cluster import SwarmCluster, SwarmNode
@@ -45,6 +47,7 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 #: The DDP example's model: 64 -> 512 -> 512 -> 10, float32.
 DDP_PARAMS = (64 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)
+PROGRAM_REQUIREMENTS = ("termcolor==2.4.0",)  # small, pure, not in the worker image
 
 
 
@@ -98,18 +101,34 @@ def two_nodes(docker_client: Any, worker_image: str, swarm_before: str) -> Itera
 
 @pytest.fixture(scope="module")
 def program_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DDP example copied outside the checkout: the nodes see it only through the agents' copy."""
+    """The DDP example copied outside the checkout (the nodes see it only through the agents' copy), with a
+    launcher that imports the program's requirement first."""
     folder = tmp_path_factory.mktemp("program") / "ddp"
     shutil.copytree(REPO / "docs" / "examples" / "ddp", folder)
+    (folder / "with_requirement.py").write_text(
+        "import runpy\nimport sys\n\nimport termcolor  # the program's requirement: in the derived image only\n\n"
+        "print(termcolor.colored('requirement here', 'green'), file=sys.stderr)\n"
+        "sys.argv = ['train.py', *sys.argv[1:]]\nrunpy.run_path('train.py', run_name='__main__')\n")
     return folder
 
 
 @pytest.fixture(scope="module")
-def swarm4(docker_client: Any, two_nodes: DindNodes, program_folder: Path) -> Iterator[SwarmCluster]:
-    """Four workers, two on each emulated node, nothing preloaded, the program's folder copied to the nodes."""
+def derived_image(docker_client: Any, worker_image: str) -> str:
+    """The worker image plus a requirement (built here once); the nodes lack it and build it from its context."""
+    source = "test_cluster_swarm_two_nodes"
+    tag = ensure_program_image(docker_client, PROGRAM_REQUIREMENTS, source=source)
+    ensure_program_context(docker_client, PROGRAM_REQUIREMENTS, source=source)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def swarm4(docker_client: Any, two_nodes: DindNodes, program_folder: Path,
+           derived_image: str) -> Iterator[SwarmCluster]:
+    """Four workers, two on each emulated node, nothing preloaded, on the derived image (built on each node
+    at start), the program's folder copied to the nodes."""
     mounts = (Mount(str(program_folder), PROGRAM_MOUNT),)
-    cluster = open_cluster(ClusterSpec(workers=4, memory="512m", preload=(), engine="swarm", mounts=mounts),
-                           client=docker_client)
+    spec = ClusterSpec(workers=4, memory="512m", preload=(), engine="swarm", mounts=mounts, image=derived_image)
+    cluster = open_cluster(spec, client=docker_client)
     assert isinstance(cluster, SwarmCluster)
     cluster.constraints = (f"node.labels.squall.run=={two_nodes.run_id}",)
     cluster.max_per_node = 2
@@ -159,11 +178,12 @@ def test_the_manager_holds_no_worker_and_nodes_are_labelled(docker_client: Any, 
 
 
 def test_a_program_runs_across_the_nodes(swarm4: SwarmCluster, program_folder: Path, tmp_path: Path) -> None:
-    """The DDP example, 4 ranks on two machines: its folder copied through the agents, its files fetched, the
-    bytes each node's agent counted (gloo's ring all-reduce crosses the nodes every step)."""
+    """The DDP example, 4 ranks on two machines: its folder copied through the agents, its requirement in the
+    image each node built, its files fetched, the bytes each node's agent counted (gloo's ring all-reduce
+    crosses the nodes every step)."""
     steps = 8
-    program = program_from_args(["python", "train.py", "--steps", str(steps)], metrics=[r"loss=loss (\S+)"],
-                                workdir=str(program_folder))
+    program = program_from_args(["python", "with_requirement.py", "--steps", str(steps)],
+                                metrics=[r"loss=loss (\S+)"], workdir=str(program_folder))
     t0 = time.monotonic()
     with Lab(workers=4, cluster=swarm4, workdir=str(program_folder), engine="swarm") as lab:
         run = run_program(lab, program, "wan-5ms", seconds=150, logs=tmp_path / "ranks")
@@ -173,6 +193,7 @@ def test_a_program_runs_across_the_nodes(swarm4: SwarmCluster, program_folder: P
     for rank in range(4):
         stdout = (tmp_path / "ranks" / f"rank{rank}" / "stdout.txt").read_text()
         assert stdout.startswith("step 1 loss ") and f"step {steps} loss " in stdout, stdout[-500:]
+        assert "requirement here" in (tmp_path / "ranks" / f"rank{rank}" / "stderr.txt").read_text()
     where = swarm4.placement()
     across = sum(c.bytes for (s, d), c in run.counters.links.items() if where[s] != where[d])
     inside = sum(c.bytes for (s, d), c in run.counters.links.items() if where[s] == where[d])

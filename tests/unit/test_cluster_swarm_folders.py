@@ -115,3 +115,43 @@ def test_the_mirror_syncs_each_running_job_until_stopped() -> None:
     mirror.stop()
     assert (0, "j1") in seen and mirror.errors and "node gone" in mirror.errors[0]
     assert sync_of(object()) is None
+
+
+def test_a_program_image_context_is_found_by_its_tag_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from squall.cluster.errors import ImageError
+    from squall.cluster.program_image import cached_context, context_dir
+
+    monkeypatch.setenv("SQUALL_CACHE_DIR", str(tmp_path))
+    folder = context_dir("squall-program:abc123")
+    assert folder == tmp_path / "program-context" / "abc123"
+    assert cached_context("squall-program:abc123") is None  # never kept
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "Dockerfile").write_text("ARG BASE\nFROM ${BASE}\n")
+    assert cached_context("squall-program:abc123") == folder
+    assert cached_context("squall-worker:abc123") is None and cached_context("squall-program:../x") is None
+    with pytest.raises(ImageError):
+        context_dir("squall-program:../../etc")
+
+
+def test_the_node_agent_writes_pieces_and_builds_only_program_images(tmp_path: Path) -> None:
+    import os
+
+    from squall.cluster.swarm.node_agent import Agent, Config
+
+    agent = Agent(Config("r1", 7000, "t" * 32, "svc", "net", tmp_path, 2, (os.getuid(), os.getgid())), docker=None)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "train.py").write_text("print(1)\n")
+        for dirs, pieces in folders.requests_for(src):
+            answer = agent.handle({"cmd": "put_files", "mount": 1, "dirs": dirs, "pieces": pieces})
+            assert answer == {"ok": True, "written": 1}
+        assert (folders.copy_dir(tmp_path, 1) / "train.py").read_text() == "print(1)\n"
+        with pytest.raises(FolderError):
+            agent.handle({"cmd": "put_files", "mount": 0, "dirs": ["../out"], "pieces": []})
+        with pytest.raises(ValueError, match="only a program image"):
+            agent.handle({"cmd": "build", "tag": "evil:latest", "base": "squall-worker:abc123"})
+        with pytest.raises(ValueError, match="only a program image"):
+            agent.handle({"cmd": "build", "tag": "squall-program:abc123", "base": "debian:12"})
+    finally:
+        agent.close()

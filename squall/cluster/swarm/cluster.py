@@ -55,9 +55,10 @@ from squall.cluster.agent_client import AgentClient
 from squall.cluster.cluster import RUN_MOUNT, SRC_MOUNT, Cluster, JobHandle, Node, NodeState
 from squall.cluster.engine import ENGINE_ERRORS
 from squall.cluster.errors import ClusterError
-from squall.cluster.image import REPO_ROOT
+from squall.cluster.image import REPO_ROOT, current_worker_tag
 from squall.cluster.jobs import JobResult
 from squall.cluster.ownership import write_owner
+from squall.cluster.program_image import cached_context
 from squall.cluster.spec import SWARM, ClusterSpec
 from squall.cluster.spec import Mount as ClusterMount
 from squall.cluster.subnets import pick_free
@@ -371,14 +372,34 @@ class SwarmCluster(Cluster):
             self.fetch(node, job_id, every=False)
 
     def _check_image_on_nodes(self, image: str) -> None:
-        """Which nodes lack the workers' image: Swarm pulls nothing from here, each node needs its own copy
-        (``docker save | docker load``); named if the workers fail to start."""
+        """Which nodes lack the workers' image: Swarm pulls nothing from here, each node needs its own copy.
+        A program image whose build context was kept (:func:`~squall.cluster.program_image.cached_context`)
+        is built on those nodes from a copy of it; any other is named if the workers fail to start."""
         self._image = image
-        answers = [link.call(NodeCommand.IMAGE, name=image) for link in self.links.values()]
-        self.lacking_image = tuple(sorted(str(a["node"]) for a in answers if not a["present"]))
-        if self.lacking_image:
-            logger.warning("image %s is not on swarm node(s) %s: no worker can run there", image,
-                           ", ".join(self.lacking_image))
+        answers = {node: link.call(NodeCommand.IMAGE, name=image) for node, link in self.links.items()}
+        lacking = sorted(node for node, a in answers.items() if not a["present"])
+        context = cached_context(image)
+        base = current_worker_tag(self.client)
+        if lacking and context is not None and base is not None:
+            t0 = time.monotonic()
+            self._parallel([partial(self._build_on, self.links[node], context, image, base) for node in lacking],
+                           interrupt=self._stop.set)
+            logger.info("%s built on %s in %.1f s", image, ", ".join(lacking), time.monotonic() - t0)
+            lacking = []
+        self.lacking_image = tuple(lacking)
+        if lacking:
+            logger.warning("image %s is not on swarm node(s) %s: no worker can run there (load it: docker save | "
+                           "docker load)", image, ", ".join(lacking))
+
+    @staticmethod
+    def _build_on(link: NodeLink, context: Path, image: str, base: str) -> None:
+        """Copy a program image's build context to one node and have its agent build the image there."""
+        try:
+            for dirs, pieces in folders.requests_for(context):
+                link.call(NodeCommand.PUT_FILES, image=True, dirs=dirs, pieces=pieces, timeout=120)
+        except FolderError as exc:
+            raise ClusterError(f"copying {image}'s build context to node {link.node}: {exc}") from exc
+        link.call(NodeCommand.BUILD, tag=image, base=base, timeout=960)
 
     @staticmethod
     def _is_copied(mount: ClusterMount) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 CHUNK_BYTES = 4 << 20  # file data per request: base64 makes it about 5.3 MB, well under wire.MAX_LINE
 COPIES_DIR = "mounts"  # <run dir>/mounts/m<k> on every node holds the copy of the run's k-th copied mount
 MAX_MOUNTS = 16  # copied mounts per run
+IMAGE_CONTEXT = "image-context"  # <run dir>/image-context on a node: a program image's build context
 
 
 class FolderError(ValueError):
@@ -58,6 +59,11 @@ def safe_relative(path: Any) -> PurePosixPath:
     if pure.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
         raise FolderError(f"path {path!r:.120} leaves its folder or is not normalised")
     return pure
+
+
+def image_context_dir(run_dir: Path | str) -> Path:
+    """Where a node holds the build context of an image it lacks (copied like a mount, then built there)."""
+    return Path(run_dir) / IMAGE_CONTEXT
 
 
 def copy_dir(run_dir: Path | str, index: int) -> Path:

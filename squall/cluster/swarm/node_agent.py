@@ -19,7 +19,8 @@ read from the Swarm secret at start). What it does, always for *this node's* wor
   files (:mod:`.job_files`), for a harness on another machine;
 * ``put_files``: pieces of a folder the workers mount (a program's snapshot), written into the run's
   copy of it on this node (:mod:`.folders`: relative paths only, checked); ``image``: whether this
-  node's engine holds an image the workers need;
+  node's engine holds an image the workers need; ``build``: a program image (the worker image plus
+  a program's requirements) built on this node from its context, copied here the same way;
 * ``container`` and ``link``: churn (kill, pause, unpause, restart; interface down/up) on this
   node's workers;
 * ``hello``: the node's name and clock, for the harness to measure clock offsets.
@@ -79,6 +80,9 @@ CONTAINER_ACTIONS = ("kill", "pause", "unpause", "restart", "start")
 SLOT_LABEL = "com.docker.swarm.task.name"  # "<service>.<slot>.<task id>"
 JOB_ID = re.compile(r"^j[0-9]{4,9}$")  # the cluster's job ids; nothing else names a directory to read
 SERVICE_LABEL = "com.docker.swarm.service.name"
+PROGRAM_TAG = re.compile(r"^squall-program:[0-9a-f]{6,64}$")  # the only images an agent builds
+BUILD_TIMEOUT_S = 900  # one program image's build on a node
+WORKER_TAG = re.compile(r"^squall-worker:[0-9a-f]{6,64}$")  # ... and only on the worker image
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,8 @@ class Agent:
     def put_files(self, request: dict[str, Any]) -> int:
         """Write pieces of the run's copied mount ``request["mount"]`` into its copy on this node (:mod:`.folders`);
         the number of pieces written."""
-        root = folders.copy_dir(self.config.run_dir, int(request["mount"]))
+        root = folders.image_context_dir(self.config.run_dir) if request.get("image") \
+            else folders.copy_dir(self.config.run_dir, int(request["mount"]))
         root.mkdir(parents=True, exist_ok=True)
         folders.make_dirs(root, request.get("dirs", []))
         pieces = request.get("pieces", [])
@@ -217,6 +222,28 @@ class Agent:
             if path.is_dir():
                 path.chmod(0o755)
         return len(pieces)
+
+    def build(self, tag: str, base: str) -> float:
+        """Build program image ``tag`` on ``base`` (the worker image, which this node holds) from the context
+        copied here (``put_files`` with ``image``); the seconds it took."""
+        if not PROGRAM_TAG.match(tag) or not WORKER_TAG.match(base):
+            raise ValueError(f"only a program image is built here on the worker image, not {tag!r} on {base!r}")
+        if not self.has_image(base):
+            raise ValueError(f"this node lacks the worker image {base}: load it first")
+        context = folders.image_context_dir(self.config.run_dir)
+        if not (context / "Dockerfile").is_file():
+            raise ValueError(f"no build context was copied to {context}")
+        import docker
+
+        t0 = time.monotonic()
+        builder = docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=BUILD_TIMEOUT_S)
+        try:
+            builder.images.build(path=str(context), tag=tag, buildargs={"BASE": base}, rm=True, forcerm=True,
+                                 labels={"squall.image": tag.split(":", 1)[0]})
+        finally:
+            builder.close()
+        logger.info("built %s on %s in %.1f s", tag, base, time.monotonic() - t0)
+        return time.monotonic() - t0
 
     def has_image(self, name: str) -> bool:
         """Whether this node's engine holds image ``name``."""
@@ -319,6 +346,7 @@ class Agent:
             NodeCommand.FETCH: lambda r: {"ok": True, **self.fetch(int(r["slot"]), str(r["job_id"]),
                                                                    bool(r.get("every", False)))},
             NodeCommand.PUT_FILES: lambda r: {"ok": True, "written": self.put_files(r)},
+            NodeCommand.BUILD: lambda r: {"ok": True, "seconds": self.build(str(r["tag"]), str(r["base"]))},
             NodeCommand.IMAGE: lambda r: {"ok": True, "node": self.node, "present": self.has_image(str(r["name"]))},
             NodeCommand.CONTAINER: _done(lambda r: self.container(str(r["container_id"]), str(r["action"]))),
             NodeCommand.LINK: _done(lambda r: self.link(str(r["container_id"]), bool(r["up"]))),

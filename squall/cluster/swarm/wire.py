@@ -48,6 +48,7 @@ class NodeCommand(StrEnum):
     FETCH = "fetch"  # "Here are that job's files (result, metrics, log, a program's output), as they are on my node."
     PUT_FILES = "put_files"  # "I wrote these pieces of a copied folder into its copy on my node."
     IMAGE = "image"  # "My node's engine has that image, or has not."
+    BUILD = "build"  # "I built that program image on my node's engine, from the context you copied here."
     CONTAINER = "container"  # "I killed, paused, unpaused, restarted or started that worker of mine."
     LINK = "link"  # "I took that worker's data-plane interface down, or brought it back up."
     SHAPE_OPEN = "shape_open"  # "I opened a shaper on my workers' namespaces: here is its backend."
