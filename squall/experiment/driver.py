@@ -346,9 +346,8 @@ def _watch(cell: Cell, workload: Workload, counters: CounterSampler, start_wall:
 
     def pid_of(rank: int) -> int:
         if cluster.engine != LOCAL:  # py-spy runs here; the rank's process is in another machine's /proc
-            raise ExperimentError(f"stacks are not taken on the {cluster.engine} engine (py-spy runs on this machine, "
-                                  f"the rank on node {cluster.placement().get(rank, '?')}); its lines and bytes are "
-                                  "recorded as on one machine")
+            raise ExperimentError(f"not taken on the {cluster.engine} engine (py-spy runs on this machine, the rank "
+                                  f"on node {cluster.placement().get(rank, '?')})")
         return cluster.nodes[rank].pid
 
     after = cell.hang_after_s if cell.hang_after_s is not None else default_after(cell.seconds)

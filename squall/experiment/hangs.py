@@ -151,7 +151,7 @@ class HangWatch:
             try:
                 pid = self.pid_of(run.rank if run.node is None else run.node)
             except Exception as exc:
-                out[k] = RankStack(run.rank, run.restart, why, 0.0, "", 0, "", "", f"not taken: {exc}")
+                out[k] = RankStack(run.rank, run.restart, why, 0.0, "", 0, "", "", str(exc))
                 return
             got = dump_stack(pid, self.depth, local_rank=run.local)
             taken = round(time.time() - self.start_wall, 3)
