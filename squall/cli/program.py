@@ -55,7 +55,7 @@ def cmd_run_program(args: argparse.Namespace, command: Sequence[str]) -> int:
     if not profile.required_workers() <= args.workers <= MAX_WORKERS[engine]:
         raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
                          f"{MAX_WORKERS[engine]} workers on the {engine} engine, got {args.workers}")
-    profile.runnable_for(args.workers)
+    profile.runnable_for(args.workers, engine=engine)
     seconds = args.seconds if args.seconds is not None else DEFAULT_SECONDS
     cid = cell_id(spec, args.profile, args.workers)
     preflight(args.backend, engine=args.engine)  # exit 3 with the reasons before anything starts

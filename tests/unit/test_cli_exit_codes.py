@@ -194,3 +194,13 @@ def test_run_a_command_without_an_engine_is_an_environment_not_ready(program_dir
 def test_image_build_with_requirements(program_dir: Path) -> None:
     assert code_of("image", "build", "--pip", "-r other.txt") == EXIT_USAGE
     assert code_of("image", "build", "--pip", "hivemind==1.1.12") == EXIT_ENVIRONMENT
+
+
+@pytest.mark.parametrize("argv", [
+    ("run", "--engine", "swarm", "--workers", "4", "--profile", "volunteers-behind-nat", "--", "python", "x.py"),
+    ("calibrate", "--engine", "swarm", "--workers", "4", "--profile", "volunteers-behind-nat"),
+])
+def test_nat_on_the_swarm_engine_is_bad_input_before_any_engine_is_asked(
+        argv: tuple[str, ...], caplog: pytest.LogCaptureFixture) -> None:
+    assert code_of(*argv) == EXIT_USAGE
+    assert "links.nodes[1].nat: the swarm engine does not put nodes behind NAT" in caplog.text

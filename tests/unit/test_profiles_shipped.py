@@ -43,6 +43,7 @@ SHIPPED = [
     "stragglers-lognormal",
     "two-slow-3x",
     "home-broadband-uk",
+    "volunteers-behind-nat",
     "azure-8-regions",
     "grid-10mbit-1ms",
     "grid-10mbit-50ms",

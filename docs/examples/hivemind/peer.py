@@ -14,6 +14,10 @@ repeated, at most ``--attempts`` times.
 
     squall run --workers 4 --profile wan-50ms-100mbit --requirements requirements.txt \
         --metric 'error=error (\S+)' --target 'error<=1e-6' -- python peer.py
+
+Behind a NAT (``--profile volunteers-behind-nat``: every rank but 0 behind its own) a peer cannot be
+dialled; ``--client-mode 1,2,3`` runs those ranks' DHT and averager in hivemind's client mode: they
+dial out, announce no address and take no part of the tensor to aggregate.
 """
 
 import argparse
@@ -48,12 +52,27 @@ def same_tensor(digests: list[str]) -> bool:
     return True
 
 
+def start_dht(store: TCPStore, rank: int, master: str, port: int, client: bool) -> hivemind.DHT:
+    """Rank 0 starts the DHT and publishes its addresses in the store; the others join through them.
+    A client announces no address and listens on none."""
+    me = os.environ.get("SQUALL_PEERS", "").split(",")[rank] if os.environ.get("SQUALL_PEERS") else master
+    dht_args = {"client_mode": True, "start": True} if client else {
+        "host_maddrs": [f"/ip4/0.0.0.0/tcp/{port}"], "announce_maddrs": [f"/ip4/{me}/tcp/{port}"], "start": True}
+    if rank == 0:
+        dht = hivemind.DHT(**dht_args)
+        store.set("maddrs", " ".join(str(m) for m in dht.get_visible_maddrs()))
+        return dht
+    return hivemind.DHT(initial_peers=store.get("maddrs").decode().split(), **dht_args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--attempts", type=int, default=5, help="tries of one round before giving up")
     parser.add_argument("--size", type=int, default=1024, help="elements of the averaged tensor")
     parser.add_argument("--port", type=int, default=0, help="the DHT's TCP port (0: MASTER_PORT + 1)")
+    parser.add_argument("--client-mode", default="", help="ranks (comma-separated) that run hivemind in client "
+                        "mode: they dial out and accept no connection, as a peer behind NAT must")
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     master, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -62,21 +81,16 @@ def main() -> None:
     # between the same two addresses; when they cross in flight (likely at 50 ms one way) TCP joins them into
     # one connection that both ends think they opened, and its security handshake fails. Dial from fresh ports.
     os.environ.setdefault("LIBP2P_TCP_REUSEPORT", "false")
-    me = os.environ.get("SQUALL_PEERS", "").split(",")[rank] if os.environ.get("SQUALL_PEERS") else master
     store = TCPStore(master, master_port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=180))
-    dht_args = {"host_maddrs": [f"/ip4/0.0.0.0/tcp/{port}"], "announce_maddrs": [f"/ip4/{me}/tcp/{port}"],
-                "start": True}
-    if rank == 0:
-        dht = hivemind.DHT(**dht_args)
-        store.set("maddrs", " ".join(str(m) for m in dht.get_visible_maddrs()))
-    else:
-        dht = hivemind.DHT(initial_peers=store.get("maddrs").decode().split(), **dht_args)
+    client = str(rank) in args.client_mode.split(",")
+    dht = start_dht(store, rank, master, port, client)
     tensor = torch.full((args.size,), float(rank))
     # next_chunk_timeout: a peer that stops sending is dropped from the round after 10 s instead of being
     # awaited for ever; the round then fails the agreement below and is repeated
     averager = DecentralizedAverager([tensor], dht, prefix="squall_example", target_group_size=world,
                                      min_group_size=world, min_matchmaking_time=3.0, request_timeout=2.0,
-                                     next_chunk_timeout=10.0, allreduce_timeout=60.0, start=True)
+                                     next_chunk_timeout=10.0, allreduce_timeout=60.0, client_mode=client,
+                                     start=True)
     exact = (world - 1) / 2
     agree(store, "ready", rank, world, "up")  # every peer's averager is up before the first round
     for r in range(1, args.rounds + 1):
