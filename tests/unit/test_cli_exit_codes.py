@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from squall.cli.main import EXIT_BROKEN_PIPE, EXIT_ENVIRONMENT, EXIT_USAGE, main
+from squall.cluster.spec import ENGINE_ENV
 
 pytest_plugins = ["pytester", "tests.pytester_preload"]
 
@@ -201,6 +202,7 @@ def test_image_build_with_requirements(program_dir: Path) -> None:
     ("calibrate", "--engine", "swarm", "--workers", "4", "--profile", "volunteers-behind-nat"),
 ])
 def test_nat_on_the_swarm_engine_is_bad_input_before_any_engine_is_asked(
-        argv: tuple[str, ...], caplog: pytest.LogCaptureFixture) -> None:
+        argv: tuple[str, ...], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENGINE_ENV, "local")  # --engine sets it for the process: put back after the test
     assert code_of(*argv) == EXIT_USAGE
     assert "links.nodes[1].nat: the swarm engine does not put nodes behind NAT" in caplog.text
