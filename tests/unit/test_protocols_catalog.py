@@ -51,8 +51,8 @@ SHIPPED_JOBS = {"gloo_train", "gloo_allreduce", "swarm", "moshpit", "moshpit_ave
 SHIPPED_ALGORITHMS = {"local", "allreduce", "local_sgd", "dpsgd", "sgp", "matcha", "ps",
                       "topk", "randk", "arc_topk", "lowbit_allreduce", "lowbit_ring",
                       "diloco", "ddp_adamw", "streaming_diloco", "sparta", "demo"}
-UTILITY_JOBS = {"noop", "echo_mesh", "sleep", "fail", "sysinfo", "udp_probe", "tcp_goodput", "tcp_rtt", "train",
-                "allreduce_bench", "command"}
+UTILITY_JOBS = {"noop", "echo_mesh", "sleep", "fail", "sysinfo", "reach", "udp_probe", "tcp_goodput", "tcp_rtt",
+                "train", "allreduce_bench", "command"}
 
 THIRD_PARTY = Declaration("elsewhere", "declared by another distribution", "elsewhere_pkg.jobs:main",
                           paper="Someone, Somewhere 2025")
