@@ -9,7 +9,7 @@
 # which it sees as /tmp/netem-vm-out; the console goes to console.log there and the command's exit
 # code to exit_code. This script exits with the guest command's exit code (1 if none came back).
 # TCG, not KVM: nested KVM hangs at boot on the machines this was measured on (docs/testing.md, the netem backend in a VM).
-# NETEM_VM_TIMEOUT (s, default 720) bounds the whole VM (a full run took 10+ min on a loaded 2-core host); NETEM_VM_SMP (2) and NETEM_VM_MEM (2048 MB).
+# NETEM_VM_TIMEOUT (s, default 960) bounds the whole VM (a full run took 10-12 min on a loaded 2-core host); NETEM_VM_SMP (2) and NETEM_VM_MEM (2048 MB).
 # debug-threads: QEMU names its threads ("CPU 0/TCG"), so tests/netem_vm/host_watch.py can tell them.
 # NETEM_VM_NICE (default -20, as root) is QEMU's nice value: the guest's clock is the host's, so every
 # millisecond the host gives a vCPU thread to other work reads in the guest as packet delay.
@@ -21,7 +21,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 CACHE="${NETEM_VM_CACHE:-$REPO/.cache/netem-vm}"
 OUT="${NETEM_VM_OUT:-$CACHE/out}"
-TIMEOUT="${NETEM_VM_TIMEOUT:-720}"
+TIMEOUT="${NETEM_VM_TIMEOUT:-960}"
 
 if [ "${1:-}" = "--" ]; then
     shift

@@ -64,7 +64,7 @@ from tests.netem_vm.rows import (
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "scripts" / "netem-vm" / "run.sh"
-VM_TIMEOUT_S = 720  # the VM's own limit (run.sh kills it); the test's is a little longer
+VM_TIMEOUT_S = 960  # the VM's own limit (run.sh kills it); the test's is a little longer
 QEMU_LOCK, BENCH_LOCK = "/tmp/squall-qemu.lock", "/tmp/squall-bench.lock"
 #: A guest's "too busy" is accepted only when a virtual CPU thread of QEMU waited at least this share of the
 #: test's time for a host CPU, or lost it to this machine's hypervisor (steal), the two added

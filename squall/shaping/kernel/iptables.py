@@ -188,6 +188,8 @@ def sync(
     rules = tuple(rules)
     if before is not None and before.rules == rules:
         return before
+    if before is None and not rules:
+        return None  # nothing held, nothing wanted: not even an iptables-save
     try:
         with namespace.entered():
             adds_nat = any(TABLE_OF[r.hook] == "nat" for r in rules) and (before is None or not before.of("nat"))
