@@ -29,7 +29,7 @@ from typing import Any
 
 from squall.checks.measures import BYTES_SENT, BYTES_TO_TARGET, FINAL, STEP_INTERVAL, TIME_TO_TARGET
 from squall.cluster.preflight import preflight
-from squall.cluster.spec import ENGINES, LOCAL, MAX_WORKERS, default_engine, select_engine
+from squall.cluster.spec import ENGINES, MAX_WORKERS, default_engine, select_engine
 from squall.experiment.comparison import (
     DEFAULT_RUNS,
     DEFAULT_TOLERANCE,
@@ -131,12 +131,13 @@ def build_sides(args: argparse.Namespace, command: Sequence[str], staging: Path)
 
 
 def _plan(args: argparse.Namespace, base: Side, cand: Side, kind: str) -> ComparePlan:
+    engine = args.engine or default_engine()
     for name in args.profile:  # a bad profile or size: usage, before anything starts
         profile = load_profile(name)
-        if not profile.required_workers() <= args.workers <= MAX_WORKERS[LOCAL]:
+        if not profile.required_workers() <= args.workers <= MAX_WORKERS[engine]:
             raise ValueError(f"--workers: profile {profile.name!r} needs {profile.required_workers()}.."
-                             f"{MAX_WORKERS[LOCAL]} workers, got {args.workers}")
-        profile.runnable_for(args.workers, engine=args.engine or default_engine())
+                             f"{MAX_WORKERS[engine]} workers on the {engine} engine, got {args.workers}")
+        profile.runnable_for(args.workers, engine=engine)
     target = None
     if args.target:
         target = base.program.target if base.program is not None else Target.parse(args.target)

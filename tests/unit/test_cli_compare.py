@@ -77,6 +77,16 @@ def test_each_well_formed_form_reaches_the_engine(project: Path, argv: tuple[str
     assert code_of("--profile", "lan", *argv) == EXIT_ENVIRONMENT
 
 
+def test_the_workers_limit_is_the_chosen_engines(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """300 workers are more than the local engine takes (usage, naming the engine) but within a swarm's."""
+    monkeypatch.setenv("SQUALL_ENGINE", "local")  # select_engine writes it; the test's end restores it
+    sides = ("--baseline-protocol", "ring", "--candidate-protocol", "ring lr=0.1", "--profile", "lan")
+    assert code_of(*sides, "--workers", "300") == EXIT_USAGE
+    assert "needs 2..250 workers on the local engine, got 300" in caplog.text
+    assert code_of(*sides, "--workers", "300", "--engine", "swarm") == EXIT_ENVIRONMENT
+
+
 def test_a_ref_snapshot_leaves_no_files_behind(project: Path) -> None:
     before = set(Path("/tmp").glob("squall-compare-*"))
     code_of("--profile", "lan", "--ref", "HEAD", "--", "python", "train.py")
