@@ -3,11 +3,13 @@ r"""A hivemind peer: its own DHT and DecentralizedAverager average one tensor wi
 Nothing in it knows about Squall. It reads the launcher's usual variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) and rendezvous the way many torchrun-launched scripts do, through
 torch.distributed's TCPStore on rank 0: rank 0 starts the DHT and publishes its multiaddresses there,
-the others read them and join. Every peer starts with the tensor ``[2 ** rank] * size`` and averages
-it; after each round it prints ``round R error E`` (E: how far its tensor is from the exact mean of
-all peers', relative to that mean). Powers of two, because no proper subset of them has the same
-mean as all of them (checked up to 16 peers): an all-reduce whose parts were averaged over some
-peers only cannot pass as exact (with ``[rank]``, ranks 0 and 3 alone average to the mean of 0..3).
+the others read them and join. Every peer's tensor starts at zero; each round every peer adds
+``2 ** rank`` to it and averages it with the others, then prints ``round R error E`` (E: how far its
+tensor is from the exact mean of all peers', relative to that mean). Powers of two, because no proper
+subset of them has the same mean as all of them (checked up to 16 peers): an all-reduce whose parts
+were averaged over some peers only cannot pass as exact (with ``rank``, ranks 0 and 3 alone average
+to the mean of 0..3). Added every round, because peers that already agree would still agree after
+any partial average: each round's check then tells as much as the first's.
 
 hivemind's all-reduce tolerates a peer that fails part-way: the others keep their own values for the
 parts it did not deliver, and the round still returns. After such a round the peers hold different
@@ -87,20 +89,20 @@ def main() -> None:
     store = TCPStore(master, master_port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=180))
     client = str(rank) in args.client_mode.split(",")
     dht = start_dht(store, rank, master, port, client)
-    tensor = torch.full((args.size,), float(2 ** rank))
+    tensor = torch.zeros(args.size)
     # next_chunk_timeout: a peer that stops sending is dropped from the round after 10 s instead of being
     # awaited for ever; the round then fails the agreement below and is repeated
     averager = DecentralizedAverager([tensor], dht, prefix="squall_example", target_group_size=world,
                                      min_group_size=world, min_matchmaking_time=3.0, request_timeout=2.0,
                                      next_chunk_timeout=10.0, allreduce_timeout=60.0, client_mode=client,
                                      start=True)
-    exact = (2 ** world - 1) / world
     agree(store, "ready", rank, world, "up")  # every peer's averager is up before the first round
     for r in range(1, args.rounds + 1):
         t0 = time.monotonic()
         for attempt in range(1, args.attempts + 1):
             with averager.get_tensors() as tensors:
                 before = tensors[0].clone()
+                tensors[0].add_(float(2 ** rank))  # this round's own contribution
             try:  # no retries inside step: a retry could join the other peers' next round
                 group = averager.step(timeout=60, allow_retries=False)
             except Exception as e:  # hivemind raises when matchmaking or the all-reduce fails
@@ -118,6 +120,7 @@ def main() -> None:
                   "every peer repeats the round", file=sys.stderr, flush=True)
         else:
             sys.exit(f"round {r}: none of {args.attempts} attempts left every peer with the same tensor")
+        exact = r * (2 ** world - 1) / world
         with averager.get_tensors() as tensors:
             error = float((tensors[0].double() - exact).abs().max()) / exact
         print(f"round {r} attempts {attempt} group {len(group) if group else 0} error {error:.3g} "
