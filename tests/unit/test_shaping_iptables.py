@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from squall.shaping.base import ShapingError
-from squall.shaping.kernel.iptables import Chains, fill_script, has_chains, present_jumps, remove_script, rule_args
+from squall.shaping.kernel.iptables import (
+    Chains,
+    fill_script,
+    has_chains,
+    present_jumps,
+    remove_script,
+    rule_args,
+    sync,
+)
 from squall.shaping.planning.ops import RuleOp
 
 CHAINS = Chains("r1")
@@ -75,8 +83,6 @@ def test_longest_run_id() -> None:
 def test_a_namespace_with_no_rules_held_or_wanted_is_not_entered() -> None:
     """An apply without cut links, duplication or NAT must not cost a process per node (iptables-save
     under the netem VM's emulated CPU takes a good part of a second)."""
-    from squall.shaping.kernel.iptables import sync
-
     class Untouchable:
         def entered(self) -> None:
             raise AssertionError("entered a namespace with nothing to do")
