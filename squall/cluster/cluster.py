@@ -39,6 +39,14 @@ from squall.cluster import lifecycle
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.engine import ENGINE_ERRORS, docker_client
 from squall.cluster.errors import ClusterError, ClusterSpecError, ImageError, JobError
+from squall.cluster.forkserve import (
+    FALLBACK_FILE,
+    PID_FILE,
+    ForkServer,
+    agent_command,
+    forked_agent_argv,
+    standin_command,
+)
 from squall.cluster.image import REPO_ROOT, current_worker_tag
 from squall.cluster.jobs import JobResult
 from squall.cluster.ownership import LABEL_NODE, Owner, new_run_id, state_root, write_owner
@@ -175,6 +183,8 @@ class Cluster:
         self._client = client
         self._network_id: str | None = None
         self._container_ids: list[str] = []
+        self._forks: ForkServer | None = None  # set by start() when agents are forked in
+        self._agent_env: dict[int, tuple[dict[str, str], str]] = {}  # node -> its container's env and cwd
         self._job_ids = itertools.count(1)
         self._closed = False
         self._started = False
@@ -195,6 +205,11 @@ class Cluster:
         if self._client is None:
             self._client = docker_client()
         return self._client
+
+    @property
+    def fork_server(self) -> ForkServer | None:
+        """The fork server whose children are the agents (None: each agent is its container's command)."""
+        return self._forks
 
     @property
     def labels(self) -> dict[str, str]:
@@ -218,13 +233,22 @@ class Cluster:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             write_owner(self.state_dir, self.owner, self.run_id)
-            self._create_network(subnet)
-            assert self.subnet is not None
-            self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)])
+            self._forks = self._fork_server(image)
+            # the fork server's imports are the longest step: they start first and overlap the rest
+            fork_start = self._forks and ThreadPoolExecutor(1).submit(self._forks.start)
+            try:
+                self._create_network(subnet)
+                self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)])
+            finally:
+                if fork_start:
+                    fork_start.result()  # created, or failed, before anything is torn down
             # the run's own pids must be its containers in this machine's /proc, or shaping would enter
             # unrelated namespaces: a remote engine is refused here, pointing to --engine swarm
             require_local_engine(self.client, container_ids=[n.container_id for n in self.nodes])
             deadline = time.monotonic() + self.spec.ready_timeout_s
+            if self._forks is not None:
+                self._forks.wait_ready(deadline)
+                self._parallel([partial(self._place_agent, n) for n in self.nodes], interrupt=self._stop.set)
             self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes], interrupt=self._stop.set)
         except ENGINE_ERRORS as exc:
             self._close_quietly()
@@ -315,8 +339,9 @@ class Cluster:
         threads = str(max(1, math.floor(self.spec.cpus)))
         env = {"SQUALL_RUN": self.run_id, "SQUALL_NODE": str(index), "SQUALL_WORKERS": str(self.spec.workers),
                "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)}
-        command = ["python3", "-m", "squall.worker.agent", "--socket", f"{RUN_MOUNT}/agent.sock",
-                   "--preload", ",".join(self.spec.preload)]
+        socket_path = f"{RUN_MOUNT}/agent.sock"
+        command = (standin_command(RUN_MOUNT, socket_path, self.spec.preload) if self._forks is not None
+                   else agent_command(socket_path, self.spec.preload))
         container = api.create_container(
             image, command=command, name=name, hostname=f"w{index}", detach=True, environment=env,
             labels={**self.labels, LABEL_NODE: str(index)}, host_config=host_config,
@@ -325,8 +350,27 @@ class Cluster:
         cid = container["Id"]
         self._container_ids.append(cid)
         api.start(cid)
-        pid = int(api.inspect_container(cid)["State"]["Pid"])
-        return Node(index, name, cid, address, pid, run_dir)
+        info = api.inspect_container(cid)
+        self._agent_env[index] = (_env_of(info), info["Config"].get("WorkingDir") or "/")
+        return Node(index, name, cid, address, int(info["State"]["Pid"]), run_dir)
+
+    def _fork_server(self, image: str) -> ForkServer | None:
+        """The run's fork server, when its agents are forked in (the spec asks, and there is something to
+        import once)."""
+        if not (self.spec.fork_agents and self.spec.preload):
+            return None
+        threads = str(max(1, math.floor(self.spec.cpus)))
+        return ForkServer(self.client, name=f"{self.spec.name}-{self.run_id}-fork", image=image,
+                          directory=self.state_dir / f"{self.spec.name}-{self.run_id}-fork", labels=self.labels,
+                          env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)},
+                          preload=self.spec.preload, src=(str(REPO_ROOT), SRC_MOUNT))
+
+    def _place_agent(self, node: Node) -> None:
+        """Have the fork server put ``node``'s agent in its container (or its stand-in start one)."""
+        assert self._forks is not None
+        env, cwd = self._agent_env[node.index]
+        self._forks.place(node.pid, node.run_dir, env, cwd,
+                          forked_agent_argv(RUN_MOUNT, f"{RUN_MOUNT}/agent.sock", self.spec.preload))
 
     def _await_agent(self, node: Node, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -411,12 +455,15 @@ class Cluster:
     def restart(self, index: int, *, wait_ready: bool = True) -> Node:
         """Start node ``index`` again (after a kill, or restart it if it runs), same address, fresh agent."""
         node = self._node(index)
-        with contextlib.suppress(FileNotFoundError):
-            (node.run_dir / "agent.sock").unlink()
+        for stale in ("agent.sock", PID_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (node.run_dir / stale).unlink()
         self._api_call(index, lambda cid: self.client.api.restart(cid, timeout=1))
         pid = int(self.client.api.inspect_container(node.container_id)["State"]["Pid"])
         node = replace(node, pid=pid)
         self.nodes[index] = node
+        if self._forks is not None and not (node.run_dir / FALLBACK_FILE).exists():
+            self._place_agent(node)
         if wait_ready:
             self._await_agent(node, time.monotonic() + self.spec.ready_timeout_s)
         return node
@@ -510,9 +557,13 @@ class Cluster:
                 errors.append(f"container {cid[:12]}: {exc}")
 
         self._parallel([partial(remove, c) for c in ids])
-        if self._network_id is not None:
+        networks = {self._network_id} if self._network_id is not None else set()
+        if self._client is not None:  # by label too: a signal during its creation must not leak it
+            with contextlib.suppress(*ENGINE_ERRORS):
+                networks |= {n["Id"] for n in self.client.api.networks(filters={"label": f"squall.run={self.run_id}"})}
+        for network_id in networks:
             try:
-                self.client.api.remove_network(self._network_id)
+                self.client.api.remove_network(network_id)
             except NotFound:
                 pass
             except ENGINE_ERRORS as exc:
@@ -545,3 +596,13 @@ class Cluster:
             raise
         finally:
             pool.shutdown(wait=join, cancel_futures=not join)
+
+
+def _env_of(info: Mapping[str, Any]) -> dict[str, str]:
+    """A container's environment as ``docker inspect`` lists it (``NAME=value`` lines)."""
+    env = {}
+    for line in info["Config"].get("Env") or []:
+        name, sep, value = line.partition("=")
+        if sep:
+            env[name] = value
+    return env

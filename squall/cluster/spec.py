@@ -75,6 +75,7 @@ class ClusterSpec:
     name: str = "squall"  # prefix of the container and network names
     tcp_buffer_max: int = 32 << 20  # max TCP rmem/wmem per socket: 1 Gbit/s x 100 ms needs 12.5 MB
     preload: tuple[str, ...] = ("torch", "squall.worker.warm")  # what the agent imports before it reports ready
+    fork_agents: bool = True  # local engine: agents are forks of one process that imported ``preload`` once
     ready_timeout_s: float = 180.0  # how long to wait for every agent to answer
     mounts: tuple[Mount, ...] = ()  # extra read-only code mounts
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the agents and their jobs

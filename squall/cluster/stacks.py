@@ -160,7 +160,10 @@ def rank_pid(processes: Sequence[HostProcess], init_pid: int, depth: int, *,
     the oldest at each level (at the last, the one whose ``LOCAL_RANK`` is ``local_rank`` when it is given:
     a node running several ranks of a program starts them all as the job's children); None when there is
     none (the rank ended, or the container is down)."""
-    level = [p.pid for p in processes if p.ppid == init_pid]  # the agent
+    inside = {p.pid for p in processes}
+    # the agent: init's child, or, when it was forked in (squall.worker.forkserver), the process whose
+    # parent is outside the namespace (init's child is then the stand-in, which has no children)
+    level = [p.pid for p in processes if p.pid != init_pid and (p.ppid == init_pid or p.ppid not in inside)]
     for k in range(depth):
         last = k == depth - 1 and local_rank is not None
         children = sorted(p.pid for p in processes if p.ppid in level and (not last or p.local_rank == local_rank))

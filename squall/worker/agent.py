@@ -293,7 +293,8 @@ class Agent:
                 self._cancel(job.spec.job_id)
 
 
-def _preload(names: list[str]) -> list[str]:
+def preload(names: list[str]) -> list[str]:
+    """Import ``names`` in order (what the agent or the fork server holds before it serves)."""
     done = []
     for name in names:
         t0 = time.monotonic()
@@ -308,9 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m squall.worker.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", type=Path, required=True, help="control socket path")
     parser.add_argument("--preload", default="", help="comma-separated modules to import before serving")
+    parser.add_argument("--pid-file", type=Path, help="write this process's pid here before serving")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    preloaded = _preload([m for m in args.preload.split(",") if m])
+    preloaded = preload([m for m in args.preload.split(",") if m])
+    if args.pid_file is not None:  # a forked agent: the container's stand-in watches this pid
+        args.pid_file.write_text(f"{os.getpid()}\n")
     agent = Agent(args.socket, preloaded)
 
     def _stop(signum: int, _frame: object) -> None:

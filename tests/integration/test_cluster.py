@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import pytest
 
-from squall.cluster import Cluster, JobError
+from squall.cluster import Cluster, ClusterSpec, JobError
+from squall.cluster.stacks import container_processes
+from squall.worker import become
 
 pytestmark = pytest.mark.docker
 
@@ -116,3 +119,41 @@ def test_disconnect_and_reconnect(cluster4: Cluster) -> None:
 def test_per_node_config_overlays_the_common_config(cluster4: Cluster) -> None:
     results = cluster4.run_job("noop", {"a": 1, "b": 2}, per_node={2: {"a": 5}})
     assert [r.value["config"] for r in results] == [{"a": 1, "b": 2}] * 2 + [{"a": 5, "b": 2}] + [{"a": 1, "b": 2}]
+
+
+def _ns(pid: int) -> dict[str, str]:
+    return {ns: os.readlink(f"/proc/{pid}/ns/{ns}") for ns in become.NAMESPACES}
+
+
+def test_each_agent_is_forked_in_as_the_containers_own_process(cluster4: Cluster) -> None:
+    """The fork server's child that runs each agent has what the container's init has: cgroups (limits,
+    accounting, the freezer), namespaces, uid, gid, groups and capability sets; its parent is outside the
+    container (the fork server's side), and the container's first process is the stand-in."""
+    for node in cluster4.nodes:
+        procs = container_processes(node.pid)
+        inside = {p.pid for p in procs}
+        (agent,) = [p for p in procs if p.pid != node.pid and p.ppid not in inside]
+        (standin,) = [p for p in procs if p.ppid == node.pid]
+        assert "squall.worker.standin" in standin.command and agent.ns_pid != standin.ns_pid
+        init, forked = become.read_target(node.pid), become.read_target(agent.pid)
+        assert forked.status == init.status and forked.cgroups == init.cgroups
+        assert _ns(agent.pid) == _ns(node.pid)
+        assert (node.run_dir / "agent.pid").read_text() == f"{agent.ns_pid}\n"
+        # the modules it holds were imported by the fork server: the container pays only what it writes
+        assert cluster4.memory_mb(node.index) < 60
+
+
+def test_an_agent_starts_itself_when_its_fork_cannot_be_made(docker_client: Any, worker_image: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The fork server gone (as on a host where its forks fail), a restarted worker's stand-in is told
+    to fall back and becomes the agent itself, importing its own modules; the run goes on."""
+    with Cluster(ClusterSpec(workers=1, cpus=0.5, memory="512m"), client=docker_client) as cluster:
+        assert cluster.fork_server is not None and cluster.fork_server.container_id is not None
+        docker_client.api.kill(cluster.fork_server.container_id)
+        node = cluster.restart(0)
+        assert (node.run_dir / "agent.fallback").exists()
+        (agent,) = [p for p in container_processes(node.pid) if p.ppid == node.pid]
+        assert "squall.worker.agent" in agent.command  # the stand-in exec'd it: init's own child
+        assert cluster.run_job("noop")[0].ok
+        assert cluster.memory_mb(0) > 60  # it holds its own copy of torch
+    assert "agents are not forked in this run" in caplog.text

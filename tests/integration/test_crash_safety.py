@@ -228,7 +228,8 @@ def test_sigkilled_matrix_leaves_nothing_after_gc(docker_client: Any, worker_ima
     request.node.user_properties.append(("gc_seconds", round(took, 2)))
     request.node.user_properties.append(("left_after_sigkill", json.dumps(after_kill)))
     logger.info("run %s: after SIGKILL %s; gc took %.2f s: %s", run_id, after_kill, took, report)
-    assert after_kill["containers"] == 4 and after_kill["networks"] == 1  # SIGKILL did leave the run behind...
+    # 4 workers and the fork server: SIGKILL did leave the run behind...
+    assert after_kill["containers"] == 5 and after_kill["networks"] == 1
     _assert_nothing_left(docker_client, fp, "after SIGKILL and gc")  # ...and gc took all of it
 
 

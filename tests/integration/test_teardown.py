@@ -15,6 +15,7 @@ import pytest
 from squall.cluster import Cluster, ClusterError, ClusterSpec, ClusterSpecError, ImageError
 from squall.cluster.gc import collect
 from squall.cluster.ownership import new_run_id
+from squall.cluster.stacks import container_processes
 
 from .conftest import labelled
 
@@ -33,9 +34,14 @@ def assert_gone(client: Any, run_id: str, state_dir: Path, pids: list[int]) -> N
 def test_teardown_leaves_nothing(docker_client: Any, worker_image: str) -> None:
     with Cluster(ClusterSpec(workers=4, cpus=0.5, memory="512m"), client=docker_client) as cluster:
         assert cluster.run_job("noop")[0].ok
-        pids = [n.pid for n in cluster.nodes]
+        # the containers' inits, every process in them (the agents forked in), the fork server's processes
+        pids = [p.pid for n in cluster.nodes for p in container_processes(n.pid)]
         containers, networks = labelled(docker_client, cluster.run_id)
-        assert len(containers) == 4 and len(networks) == 1
+        fork = [c for c in containers if c.name.endswith("-fork")]
+        assert len(containers) == 5 and len(fork) == 1 and len(networks) == 1
+        server = psutil.Process(int(fork[0].attrs["State"]["Pid"]))
+        pids += [server.pid, *(p.pid for p in server.children(recursive=True))]
+        assert len(pids) >= 4 * 4 + 2  # init, stand-in, agent in each worker, the agent's parent; the server
     assert_gone(docker_client, cluster.run_id, cluster.state_dir, pids)
 
 
@@ -59,7 +65,7 @@ def _start_holder(workers: int = 2) -> tuple[subprocess.Popen[str], str, Path, l
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_teardown_on_signal(docker_client: Any, worker_image: str, sig: signal.Signals) -> None:
     proc, run_id, state_dir, pids = _start_holder()
-    assert len(labelled(docker_client, run_id)[0]) == 2
+    assert len(labelled(docker_client, run_id)[0]) == 3  # 2 workers and the fork server
     proc.send_signal(sig)
     assert proc.wait(timeout=60) != 0
     assert_gone(docker_client, run_id, state_dir, pids)
@@ -71,13 +77,13 @@ def test_sigkilled_run_is_removed_by_gc_and_live_runs_are_kept(docker_client: An
         proc.kill()
         proc.wait(timeout=30)
         containers, networks = labelled(docker_client, run_id)
-        assert len(containers) == 2 and len(networks) == 1 and state_dir.exists()  # SIGKILL leaks...
+        assert len(containers) == 3 and len(networks) == 1 and state_dir.exists()  # SIGKILL leaks...
         gc = subprocess.run([str(REPO / ".venv" / "bin" / "squall"), "gc", "--json"], capture_output=True,
                             text=True, check=False, env=dict(os.environ))
         assert gc.returncode == 0, gc.stderr
         assert_gone(docker_client, run_id, state_dir, pids)  # ...and gc removes it
         assert live.run_job("noop")[0].ok  # a live run is not touched
-        assert len(labelled(docker_client, live.run_id)[0]) == 1
+        assert len(labelled(docker_client, live.run_id)[0]) == 2  # its worker and fork server
         assert collect(docker_client, dry_run=True).removed_containers == []
 
 

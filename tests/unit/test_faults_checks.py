@@ -75,6 +75,14 @@ def test_rank_pid_walks_below_the_agent() -> None:
     assert rank_pid(procs, 10, 4) is None and rank_pid(procs[:2], 10, 1) is None
 
 
+def test_rank_pid_finds_a_forked_in_agent() -> None:
+    """An agent the fork server placed has a parent outside the namespace; init's child is the stand-in."""
+    procs = [HostProcess(10, 1, 1, 0, "docker-init"), HostProcess(11, 10, 7, 0, "stand-in"),
+             HostProcess(15, 900, 8, 0, "agent"), HostProcess(20, 15, 30, 0, "job"),
+             HostProcess(21, 20, 31, 65534, "python train.py")]
+    assert rank_pid(procs, 10, 1) == 20 and rank_pid(procs, 10, 2) == 21 and rank_pid(procs, 10, 3) is None
+
+
 @pytest.mark.parametrize(("lines", "samples", "since"), [
     ([], [], 100.0),  # nothing yet: quiet since the start
     ([105.0], [(100.0, 0), (101.0, 500), (102.0, 900)], 105.0),  # a trickle does not count
