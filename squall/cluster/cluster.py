@@ -238,7 +238,8 @@ class Cluster:
             fork_start = self._forks and ThreadPoolExecutor(1).submit(self._forks.start)
             try:
                 self._create_network(subnet)
-                self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)])
+                self.nodes = self._parallel([partial(self._start_node, i, image) for i in range(self.spec.workers)],
+                                            interrupt=self._stop.set, join_interrupted=True)
             finally:
                 if fork_start:
                     fork_start.result()  # created, or failed, before anything is torn down
@@ -246,9 +247,6 @@ class Cluster:
             # unrelated namespaces: a remote engine is refused here, pointing to --engine swarm
             require_local_engine(self.client, container_ids=[n.container_id for n in self.nodes])
             deadline = time.monotonic() + self.spec.ready_timeout_s
-            if self._forks is not None:
-                self._forks.wait_ready(deadline)
-                self._parallel([partial(self._place_agent, n) for n in self.nodes], interrupt=self._stop.set)
             self._parallel([partial(self._await_agent, n, deadline) for n in self.nodes], interrupt=self._stop.set)
         except ENGINE_ERRORS as exc:
             self._close_quietly()
@@ -325,9 +323,7 @@ class Cluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         address = node_address(self.subnet, index)
         api = self.client.api
-        binds = {str(REPO_ROOT): {"bind": SRC_MOUNT, "mode": "ro"}, str(run_dir): {"bind": RUN_MOUNT, "mode": "rw"}}
-        for m in self.spec.mounts:
-            binds[m.source] = {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
+        binds = {**self._code_binds(), str(run_dir): {"bind": RUN_MOUNT, "mode": "rw"}}
         host_config = api.create_host_config(
             binds=binds, nano_cpus=int(self.spec.cpus * 1e9), mem_limit=self.spec.memory_bytes,
             memswap_limit=self.spec.memory_bytes, sysctls=self.spec.sysctls(), init=True,
@@ -352,7 +348,12 @@ class Cluster:
         api.start(cid)
         info = api.inspect_container(cid)
         self._agent_env[index] = (_env_of(info), info["Config"].get("WorkingDir") or "/")
-        return Node(index, name, cid, address, int(info["State"]["Pid"]), run_dir)
+        node = Node(index, name, cid, address, int(info["State"]["Pid"]), run_dir)
+        if self._forks is not None:  # as soon as this container and the server are up, not after all
+            self._forks.wait_ready(time.monotonic() + self.spec.ready_timeout_s, self._stop)
+            if not self._stop.is_set():
+                self._place_agent(node)
+        return node
 
     def _fork_server(self, image: str) -> ForkServer | None:
         """The run's fork server, when its agents are forked in (the spec asks, and there is something to
@@ -362,8 +363,16 @@ class Cluster:
         threads = str(max(1, math.floor(self.spec.cpus)))
         return ForkServer(self.client, name=f"{self.spec.name}-{self.run_id}-fork", image=image,
                           directory=self.state_dir / f"{self.spec.name}-{self.run_id}-fork", labels=self.labels,
-                          env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)},
-                          preload=self.spec.preload, src=(str(REPO_ROOT), SRC_MOUNT))
+                          env={"SQUALL_RUN": self.run_id, "SQUALL_WORKERS": str(self.spec.workers),
+                               "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)},
+                          preload=self.spec.preload, code=self._code_binds())
+
+    def _code_binds(self) -> dict[str, dict[str, str]]:
+        """The project's code and the spec's mounts, as every worker (and the fork server) gets them."""
+        binds = {str(REPO_ROOT): {"bind": SRC_MOUNT, "mode": "ro"}}
+        for m in self.spec.mounts:
+            binds[m.source] = {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
+        return binds
 
     def _place_agent(self, node: Node) -> None:
         """Have the fork server put ``node``'s agent in its container (or its stand-in start one)."""
@@ -574,12 +583,14 @@ class Cluster:
 
     # -- helpers ----------------------------------------------------------------------------------
     @staticmethod
-    def _parallel(calls: Iterable[Callable[[], T]], *, interrupt: Callable[[], None] | None = None) -> list[T]:
+    def _parallel(calls: Iterable[Callable[[], T]], *, interrupt: Callable[[], None] | None = None,
+                  join_interrupted: bool = False) -> list[T]:
         """Run ``calls`` in threads; return results in order; re-raise the first failure.
 
         With ``interrupt``: when this thread is interrupted (SIGINT/SIGTERM raise here), call it (it
-        makes the calls return soon) and re-raise at once instead of joining the threads; without,
-        the calls are waited for (they are short, and what they create must be known to teardown).
+        makes the calls return soon) and re-raise at once instead of joining the threads, unless
+        ``join_interrupted``; without, the calls are waited for (they are short, and what they create
+        must be known to teardown).
         """
         calls = list(calls)
         if not calls:
@@ -591,7 +602,7 @@ class Cluster:
             return [f.result() for f in futures]
         except BaseException as exc:
             if interrupt is not None and not isinstance(exc, Exception):
-                join = False
+                join = join_interrupted
                 interrupt()
             raise
         finally:

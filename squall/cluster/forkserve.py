@@ -56,7 +56,7 @@ class ForkServer:
     """The fork server container of one run."""
 
     def __init__(self, client: Any, *, name: str, image: str, directory: Path, labels: Mapping[str, str],
-                 env: Mapping[str, str], preload: Sequence[str], src: tuple[str, str]) -> None:
+                 env: Mapping[str, str], preload: Sequence[str], code: Mapping[str, Mapping[str, str]]) -> None:
         self.client = client
         self.name = name
         self.image = image
@@ -64,10 +64,14 @@ class ForkServer:
         self.labels = dict(labels)
         self.env = dict(env)
         self.preload = tuple(preload)
-        self.src = src  # (host path, container path) of the project's code
+        # the workers' code mounts (the project, third-party protocols): what it imports must be found
+        # at the same paths as in the workers, or a fork would hold a catalog without their protocols
+        self.code = {k: dict(v) for k, v in code.items()}
         self.container_id: str | None = None
         self._failed: str | None = None  # why forks are not used (set once, logged once)
         self._lock = threading.Lock()
+        self._ready_lock = threading.Lock()
+        self._ready: bool | None = None  # the server answered (None: not asked yet)
 
     @property
     def socket_path(self) -> Path:
@@ -79,8 +83,7 @@ class ForkServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         api = self.client.api
         host_config = api.create_host_config(
-            binds={self.src[0]: {"bind": self.src[1], "mode": "ro"},
-                   str(self.directory): {"bind": FORK_MOUNT, "mode": "rw"},
+            binds={**self.code, str(self.directory): {"bind": FORK_MOUNT, "mode": "rw"},
                    HOST_CGROUP: {"bind": CGROUP_MOUNT, "mode": "rw"}},
             pid_mode="host", cgroupns="host", cap_add=["SYS_ADMIN"], network_mode="none", init=True,
             cpu_shares=CPU_SHARES,
@@ -94,9 +97,19 @@ class ForkServer:
         api.start(self.container_id)
         return self.container_id
 
-    def wait_ready(self, deadline: float) -> bool:
-        """Whether the server answered a ping before ``deadline``; if not, forks are off for this run."""
+    def wait_ready(self, deadline: float, stop: threading.Event | None = None) -> bool:
+        """Whether the server answered a ping before ``deadline``; if not, forks are off for this run.
+        Safe from several threads: the first asks, the others wait for its answer. ``stop`` set: False
+        at once (start-up was interrupted)."""
+        with self._ready_lock:
+            if self._ready is None:
+                self._ready = self._poll_ready(deadline, stop or threading.Event())
+            return self._ready
+
+    def _poll_ready(self, deadline: float, stop: threading.Event) -> bool:
         while time.monotonic() < deadline:
+            if stop.is_set():
+                return False
             if self.socket_path.exists():
                 try:
                     if self._request({"cmd": "ping"}, timeout=2.0).get("ok"):
@@ -113,7 +126,7 @@ class ForkServer:
     def place(self, target_pid: int, run_dir: Path, env: Mapping[str, str], cwd: str, argv: Sequence[str]) -> bool:
         """Fork an agent into the container whose init is host pid ``target_pid``; on failure make its
         stand-in start the agent itself. Whether the fork did it."""
-        if self._failed is None:
+        if self._failed is None and self._ready:
             try:
                 answer = self._request({"cmd": "fork", "target": target_pid, "env": dict(env), "cwd": cwd,
                                         "argv": list(argv)}, timeout=FORK_TIMEOUT_S)
