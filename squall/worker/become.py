@@ -99,8 +99,11 @@ def parse_cgroups(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def read_target(pid: int, proc: Path = Path("/proc")) -> Target:
-    """What host process ``pid`` has: cgroups and credentials."""
+    """What host process ``pid`` has: cgroups and credentials. Only a process in a PID namespace other
+    than this one's (a container's) is a target: the fork server is not a way into the host."""
     try:
+        if os.stat(proc / str(pid) / "ns" / "pid").st_ino == os.stat("/proc/self/ns/pid").st_ino:
+            raise BecomeError(f"process {pid} shares this process's PID namespace: not a container's")
         cgroups = parse_cgroups((proc / str(pid) / "cgroup").read_text())
         status = parse_status((proc / str(pid) / "status").read_text())
     except OSError as exc:

@@ -88,6 +88,7 @@ class ForkServer:
             self.socket_path.unlink()
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)  # the host's user (root, as Docker's) and nobody else
         server.listen(64)
         server.settimeout(0.5)
         while self.running:

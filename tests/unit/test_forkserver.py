@@ -68,12 +68,19 @@ def test_cgroup_directories_under_a_v1_and_a_v2_mount(tmp_path: Path) -> None:
     assert become.cgroup_dir(v2, "", "/system.slice/docker-x.scope") == v2 / "system.slice/docker-x.scope"
 
 
-def test_this_process_reads_as_its_own_target() -> None:
-    target = become.read_target(os.getpid())
-    assert target.uid == os.geteuid() and target.gid == os.getegid()
-    become.check_same(target)  # the same process: nothing differs
+def test_a_process_of_this_namespace_is_no_target() -> None:
+    """The fork server forks into containers only: a process in its own PID namespace is refused."""
+    with pytest.raises(become.BecomeError, match="shares this process's PID namespace"):
+        become.read_target(os.getpid())
     with pytest.raises(become.BecomeError, match="cannot read process"):
         become.read_target(2**22 + 1)
+
+
+def test_this_process_has_its_own_credentials() -> None:
+    status = become.parse_status(Path("/proc/self/status").read_text())
+    target = become.Target(os.getpid(), (), status)
+    assert target.uid == os.geteuid() and target.gid == os.getegid()
+    become.check_same(target)  # the same process: nothing differs
 
 
 @pytest.mark.parametrize(("request_", "error"), [
