@@ -39,14 +39,7 @@ from squall.cluster import lifecycle
 from squall.cluster.agent_client import AgentClient
 from squall.cluster.engine import ENGINE_ERRORS, docker_client
 from squall.cluster.errors import ClusterError, ClusterSpecError, ImageError, JobError
-from squall.cluster.forkserve import (
-    FALLBACK_FILE,
-    PID_FILE,
-    ForkServer,
-    agent_command,
-    forked_agent_argv,
-    standin_command,
-)
+from squall.cluster.forkserve import ForkServer, agent_command, forked_agent_argv, standin_command
 from squall.cluster.image import REPO_ROOT, current_worker_tag
 from squall.cluster.jobs import JobResult
 from squall.cluster.ownership import LABEL_NODE, Owner, new_run_id, state_root, write_owner
@@ -54,11 +47,13 @@ from squall.cluster.remote import require_local_engine
 from squall.cluster.spec import LOCAL, ClusterSpec, node_address
 from squall.cluster.subnets import overlapping, pick_free
 from squall.shaping.base import Endpoint, Shaper
+from squall.worker.standin import FALLBACK_FILE, PID_FILE
 
 logger = logging.getLogger(__name__)
 
 SRC_MOUNT = "/squall/src"  # the project's code, read-only
 RUN_MOUNT = "/squall/run"  # this node's directory: agent socket and job outputs
+AGENT_SOCKET = f"{RUN_MOUNT}/agent.sock"  # the agent's socket, as the containers see it
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes
 CANCEL_S = 1.0  # seconds an agent gets to cancel a job when the run is stopped
 T = TypeVar("T")
@@ -330,14 +325,9 @@ class Cluster:
             network_mode=self.network_name, pids_limit=4096,
         )
         networking = api.create_networking_config({self.network_name: api.create_endpoint_config(ipv4_address=address)})
-        # as many intra-op threads as the container has CPUs: torch would start one per host core, and
-        # two threads under a one-CPU quota get throttled in turn (a tiny model computed ~60x slower)
-        threads = str(max(1, math.floor(self.spec.cpus)))
-        env = {"SQUALL_RUN": self.run_id, "SQUALL_NODE": str(index), "SQUALL_WORKERS": str(self.spec.workers),
-               "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)}
-        socket_path = f"{RUN_MOUNT}/agent.sock"
-        command = (standin_command(RUN_MOUNT, socket_path, self.spec.preload) if self._forks is not None
-                   else agent_command(socket_path, self.spec.preload))
+        env = {"SQUALL_NODE": str(index), **self._run_env()}
+        command = (standin_command(RUN_MOUNT, AGENT_SOCKET, self.spec.preload) if self._forks is not None
+                   else agent_command(AGENT_SOCKET, self.spec.preload))
         container = api.create_container(
             image, command=command, name=name, hostname=f"w{index}", detach=True, environment=env,
             labels={**self.labels, LABEL_NODE: str(index)}, host_config=host_config,
@@ -360,12 +350,17 @@ class Cluster:
         import once)."""
         if not (self.spec.fork_agents and self.spec.preload):
             return None
-        threads = str(max(1, math.floor(self.spec.cpus)))
         return ForkServer(self.client, name=f"{self.spec.name}-{self.run_id}-fork", image=image,
                           directory=self.state_dir / f"{self.spec.name}-{self.run_id}-fork", labels=self.labels,
-                          env={"SQUALL_RUN": self.run_id, "SQUALL_WORKERS": str(self.spec.workers),
-                               "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)},
-                          preload=self.spec.preload, code=self._code_binds())
+                          env=self._run_env(), preload=self.spec.preload, code=self._code_binds())
+
+    def _run_env(self) -> dict[str, str]:
+        """The environment every worker gets (and the fork server, which imports what they would)."""
+        # as many intra-op threads as the container has CPUs: torch would start one per host core, and
+        # two threads under a one-CPU quota get throttled in turn (a tiny model computed ~60x slower)
+        threads = str(max(1, math.floor(self.spec.cpus)))
+        return {"SQUALL_RUN": self.run_id, "SQUALL_WORKERS": str(self.spec.workers),
+                "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **dict(self.spec.env)}
 
     def _code_binds(self) -> dict[str, dict[str, str]]:
         """The project's code and the spec's mounts, as every worker (and the fork server) gets them."""
@@ -379,7 +374,7 @@ class Cluster:
         assert self._forks is not None
         env, cwd = self._agent_env[node.index]
         self._forks.place(node.pid, node.run_dir, env, cwd,
-                          forked_agent_argv(RUN_MOUNT, f"{RUN_MOUNT}/agent.sock", self.spec.preload))
+                          forked_agent_argv(RUN_MOUNT, AGENT_SOCKET, self.spec.preload))
 
     def _await_agent(self, node: Node, deadline: float) -> None:
         while time.monotonic() < deadline:

@@ -22,6 +22,7 @@ from typing import Any
 from squall.cluster.engine import ENGINE_ERRORS
 from squall.cluster.errors import ClusterError
 from squall.worker.jsonline import LineError, read_line, write_line
+from squall.worker.standin import FALLBACK_FILE, PID_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ FORK_MOUNT = "/squall/fork"  # the fork server's directory: its socket
 CGROUP_MOUNT = "/squall/host-cgroup"  # the host's /sys/fs/cgroup, where the forks join the workers' cgroups
 HOST_CGROUP = "/sys/fs/cgroup"
 SOCKET = "fork.sock"
-PID_FILE = "agent.pid"  # as squall.worker.standin reads them
-FALLBACK_FILE = "agent.fallback"
 FORK_TIMEOUT_S = 60.0  # one fork request, start to answer (the server serves them one at a time)
 MAX_ANSWER = 1 << 16
 CPU_SHARES = 8192  # 8x a worker's weight: its imports are what every worker waits for
@@ -48,7 +47,8 @@ def standin_command(run_mount: str, socket_path: str, preload: Sequence[str]) ->
 
 
 def forked_agent_argv(run_mount: str, socket_path: str, preload: Sequence[str]) -> list[str]:
-    """The agent's arguments in a fork (its modules are the fork server's already)."""
+    """The agent's arguments in a fork (its modules are the fork server's already): it writes its pid where
+    the stand-in waits for it."""
     return ["--socket", socket_path, "--preload", ",".join(preload), "--pid-file", f"{run_mount}/{PID_FILE}"]
 
 

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from squall.job import JobSpec, JobSpecError
 from squall.worker.commands import AgentCommand, UnknownCommand, command_of
@@ -304,6 +304,25 @@ def preload(names: list[str]) -> list[str]:
     return done
 
 
+class _Server(Protocol):
+    running: bool
+
+    def serve(self) -> None: ...
+
+
+def serve_until_signalled(server: _Server, what: str, socket_path: Path) -> int:
+    """Serve until SIGTERM or SIGINT turns ``server.running`` off (its loop then ends on its own); 0.
+    The agent's and the fork server's way to run."""
+    def _stop(signum: int, _frame: object) -> None:
+        server.running = False
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    logger.info("%s ready on %s (pid %d)", what, socket_path, os.getpid())
+    server.serve()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the container."""
     parser = argparse.ArgumentParser(prog="python -m squall.worker.agent", description=__doc__.splitlines()[0])
@@ -315,16 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     preloaded = preload([m for m in args.preload.split(",") if m])
     if args.pid_file is not None:  # a forked agent: the container's stand-in watches this pid
         args.pid_file.write_text(f"{os.getpid()}\n")
-    agent = Agent(args.socket, preloaded)
-
-    def _stop(signum: int, _frame: object) -> None:
-        agent.running = False
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    logger.info("agent ready on %s (pid %d)", args.socket, os.getpid())
-    agent.serve()
-    return 0
+    return serve_until_signalled(Agent(args.socket, preloaded), "agent", args.socket)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from squall.worker import become
+from squall.worker import agent, become
 from squall.worker.jsonline import LineError, read_line, write_line
+from squall.worker.standin import EXIT_FILE
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST = 1 << 20  # bytes in one request line
 STATUS_TIMEOUT_S = 30.0  # how long a fork may take to report that it runs the agent
-EXIT_FILE = "agent.exit"  # beside the agent's pid file: its exit code, for the stand-in
 
 
 class RequestError(ValueError):
@@ -207,9 +207,7 @@ def _agent_child(fork: Fork, target: become.Target, status_fd: int, logs: tuple[
         _set_threads(fork.env)
         os.write(status_fd, b"ok\n")
         os.close(status_fd)
-        from squall.worker import agent
-
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):  # a restarted container's stand-in must not read it
             _exit_file(fork.argv).unlink()
         code = agent.main(fork.argv)
     except SystemExit as exc:
@@ -249,21 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the host's cgroup hierarchies are mounted")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from squall.worker.agent import preload
-
-    preloaded = preload([m for m in args.preload.split(",") if m])
-    server = ForkServer(args.socket, preloaded, args.cgroup_root)
-
-    def _stop(signum: int, _frame: object) -> None:
-        server.running = False
-
-    import signal
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    logger.info("fork server ready on %s (pid %d)", args.socket, os.getpid())
-    server.serve()
-    return 0
+    preloaded = agent.preload([m for m in args.preload.split(",") if m])
+    return agent.serve_until_signalled(ForkServer(args.socket, preloaded, args.cgroup_root), "fork server",
+                                       args.socket)
 
 
 if __name__ == "__main__":

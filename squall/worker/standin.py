@@ -25,8 +25,9 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-PID_FILE = "agent.pid"
-FALLBACK_FILE = "agent.fallback"
+# in the run directory; the host (squall.cluster.forkserve) and the fork server name them from here
+PID_FILE = "agent.pid"  # the forked agent's pid in this namespace, written before it serves
+FALLBACK_FILE = "agent.fallback"  # written by the host: no fork, become the agent
 EXIT_FILE = "agent.exit"  # the forked agent's exit code, written as it ends
 POLL_S = 0.02
 
