@@ -47,7 +47,7 @@ from squall.cluster.remote import require_local_engine
 from squall.cluster.spec import LOCAL, ClusterSpec, node_address
 from squall.cluster.subnets import overlapping, pick_free
 from squall.shaping.base import Endpoint, Shaper
-from squall.worker.standin import FALLBACK_FILE, PID_FILE
+from squall.worker.commands import FALLBACK_FILE, PID_FILE
 
 logger = logging.getLogger(__name__)
 

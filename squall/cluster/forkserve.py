@@ -21,8 +21,8 @@ from typing import Any
 
 from squall.cluster.engine import ENGINE_ERRORS
 from squall.cluster.errors import ClusterError
+from squall.worker.commands import FALLBACK_FILE, PID_FILE
 from squall.worker.jsonline import LineError, read_line, write_line
-from squall.worker.standin import FALLBACK_FILE, PID_FILE
 
 logger = logging.getLogger(__name__)
 

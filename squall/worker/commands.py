@@ -14,6 +14,12 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, TypeVar
 
+# Files in a worker's run directory, written by one side and read by the other while the agent is a
+# fork of the run's fork server (squall.worker.standin reads them, the host and the fork server write).
+PID_FILE = "agent.pid"  # the forked agent's pid in its container's namespace, written before it serves
+FALLBACK_FILE = "agent.fallback"  # written by the host: no fork came, the stand-in becomes the agent
+EXIT_FILE = "agent.exit"  # the forked agent's exit code, written as it ends
+
 
 class AgentCommand(StrEnum):
     """What the host asks a container's agent; each comment is the agent's answer in its own words."""

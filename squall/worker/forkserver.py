@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from squall.worker import agent, become
+from squall.worker.commands import EXIT_FILE
 from squall.worker.jsonline import LineError, read_line, write_line
-from squall.worker.standin import EXIT_FILE
 
 logger = logging.getLogger(__name__)
 

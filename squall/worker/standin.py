@@ -23,12 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from squall.worker.commands import EXIT_FILE, FALLBACK_FILE, PID_FILE
+
 logger = logging.getLogger(__name__)
 
-# in the run directory; the host (squall.cluster.forkserve) and the fork server name them from here
-PID_FILE = "agent.pid"  # the forked agent's pid in this namespace, written before it serves
-FALLBACK_FILE = "agent.fallback"  # written by the host: no fork, become the agent
-EXIT_FILE = "agent.exit"  # the forked agent's exit code, written as it ends
 POLL_S = 0.02
 
 
