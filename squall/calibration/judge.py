@@ -196,13 +196,14 @@ def _loss_row(link: Link, model: LossModel, evidence: Evidence, state: LinkState
     udp = evidence.udp
     seen = udp.links.get(link) if udp else None
     if seen is not None and seen.packets > 0:
-        return check_loss(link, model, seen.packets, seen.lost, confidence=confidence, resolution=resolution)
+        return check_loss(link, model, seen.packets, seen.lost, confidence=confidence, resolution=resolution,
+                          host_dropped=seen.host_dropped)
     trip = udp.round_trips.get(link) if udp else None
     if trip is not None and trip.sent > 0 and link not in state.blocked:
         back = state.links[(link[1], link[0])].loss
         both = round_trip_loss(state.links[link].loss, back)
         return check_loss(link, both, trip.sent, trip.sent - trip.replies, confidence=confidence, metric="rtt_loss",
-                          resolution=resolution)
+                          resolution=resolution, host_dropped=trip.host_dropped)
     return check_loss(link, model, 0, 0, confidence=confidence, resolution=resolution)
 
 

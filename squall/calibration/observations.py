@@ -5,8 +5,15 @@ cross ``d -> s``. The probe job reports, at the prober, what it sent and which e
 (with the send, server-receive and receive stamps), and at the server, which distinct sequence
 numbers arrived. Hence, per link:
 
-* ``s -> d``: ``sent`` datagrams entered, ``sent - received`` were lost; forward legs are delays.
-* ``d -> s``: ``received`` echoes entered, ``received - replies`` were lost; return legs are delays.
+* ``s -> d``: ``sent - unsent`` datagrams entered, ``sent - unsent - received`` were lost; forward
+  legs are delays.
+* ``d -> s``: ``received - unechoed`` echoes entered, ``received - unechoed - replies`` were lost;
+  return legs are delays.
+
+``unsent`` and ``unechoed`` are sends the sender's kernel refused (a full buffer): they never
+entered the link. A datagram the receiver's kernel dropped because its socket's receive buffer was
+full (``rx_dropped``, per socket) did cross the link, but a socket serves every peer, so such drops
+bound the link's own loss from below instead of being subtracted: ``host_dropped``.
 
 One-way legs are differences of stamps from two containers, valid only when both read the same
 ``CLOCK_MONOTONIC`` (same kernel boot, same time namespace: every node reports its ``clock``).
@@ -35,6 +42,7 @@ class LinkObservation:
     packets: int  # datagrams that entered the link
     lost: int  # of those, never delivered
     one_way_samples: tuple[float, ...] = ()  # every one-way delay, when the probe sent them (raw)
+    host_dropped: int = 0  # at most this many of ``lost`` were dropped by the receiver's full socket buffers
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,10 @@ class RoundTrip:
 
     pair: Link  # (prober, target)
     rtt: Moments | None  # round-trip times in microseconds
-    sent: int  # probes sent (0 for TCP round trips)
+    sent: int  # probes whose probe and echo both left their sender (0 for TCP round trips)
     replies: int  # distinct replies received
     rtt_samples: tuple[float, ...] = ()  # every round trip, when the probe sent them (raw)
+    host_dropped: int = 0  # at most this many of the missing replies were dropped by full socket buffers
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ class _Accumulator:
         self.legs: dict[Link, list[Moments | None]] = defaultdict(list)
         self.samples: dict[Link, list[float]] = defaultdict(list)
         self.counts: dict[Link, tuple[int, int]] = {}
+        self.drops: dict[Link, dict[tuple[int, str], int]] = defaultdict(dict)  # per receiving (node, socket)
 
     def add_delays(self, pair: Link, target: Mapping[str, Any], rows: Sequence[Sample]) -> None:
         there, back = pair, (pair[1], pair[0])
@@ -104,9 +114,16 @@ class _Accumulator:
             self.legs[there].append(Moments.from_summary(target.get("fwd_us")))
             self.legs[back].append(Moments.from_summary(target.get("rev_us")))
 
-    def add_counts(self, link: Link, packets: int, lost: int) -> None:
+    def add_counts(self, link: Link, packets: int, lost: int, dropped: tuple[int, str, int]) -> None:
+        """``packets`` entered ``link`` and ``lost`` of them never arrived; ``dropped`` is the receiving
+        (node, socket, count) of receive-buffer drops, counted once per socket."""
         old = self.counts.get(link, (0, 0))
         self.counts[link] = (old[0] + packets, old[1] + lost)
+        if dropped[2]:
+            self.drops[link][dropped[:2]] = dropped[2]
+
+    def dropped(self, link: Link) -> int:
+        return sum(self.drops.get(link, {}).values())
 
     def links(self, clock: bool) -> dict[Link, LinkObservation]:
         out: dict[Link, LinkObservation] = {}
@@ -114,9 +131,9 @@ class _Accumulator:
             packets, lost = self.counts.get(link, (0, 0))
             if clock:
                 out[link] = LinkObservation(link, pool(self.legs.get(link, [])), packets, lost,
-                                            tuple(self.samples.get(link, ())))
+                                            tuple(self.samples.get(link, ())), self.dropped(link))
             else:
-                out[link] = LinkObservation(link, None, packets, lost)
+                out[link] = LinkObservation(link, None, packets, lost, host_dropped=self.dropped(link))
         return out
 
 
@@ -138,18 +155,26 @@ def parse_udp(values: Mapping[int, Mapping[str, Any] | None], pairs: Sequence[Li
             continue
         rows = list((raw or {}).get((s, d), ()))
         rtts = tuple(r.rtt_us for r in rows)
-        trips[(s, d)] = RoundTrip((s, d), Moments.of(rtts) if rows else Moments.from_summary(target.get("rtt_us")),
-                                  int(target["sent"]), int(target["replies"]), rtts)
-        acc.add_delays((s, d), target, rows)
         source = good.get(d, {}).get("sources", {}).get(str(s))
+        sent = int(target["sent"]) - int(target.get("unsent", 0))  # probes that entered s -> d
+        unechoed = int((source or {}).get("unechoed", 0))
+        at_d, at_s = _rx_dropped(good.get(d), "server"), _rx_dropped(good.get(s), "client")
+        trips[(s, d)] = RoundTrip((s, d), Moments.of(rtts) if rows else Moments.from_summary(target.get("rtt_us")),
+                                  sent - unechoed, int(target["replies"]), rtts, at_d + at_s)
+        acc.add_delays((s, d), target, rows)
         if source is not None and not late & {s, d}:
-            sent, received, replies = int(target["sent"]), int(source["received"]), int(target["replies"])
-            acc.add_counts((s, d), sent, sent - received)  # the probes
-            acc.add_counts((d, s), received, received - replies)  # their echoes
+            received, replies = int(source["received"]), int(target["replies"])
+            acc.add_counts((s, d), sent, sent - received, (d, "server", at_d))  # the probes
+            acc.add_counts((d, s), received - unechoed, received - unechoed - replies, (s, "client", at_s))  # echoes
     for link, values_us in acc.samples.items():
         acc.legs[link].append(Moments.of(values_us))
     clock = shared_clock(good) and not _negative_legs(acc.legs, problems)
     return UdpObservation(acc.links(clock), trips, clock, tuple(problems))
+
+
+def _rx_dropped(value: Mapping[str, Any] | None, sock: str) -> int:
+    """What one node's ``server`` or ``client`` socket dropped on arrival (a full receive buffer)."""
+    return int(((value or {}).get("rx_dropped") or {}).get(sock, 0))
 
 
 def _negative_legs(legs: Mapping[Link, list[Moments | None]], problems: list[str]) -> bool:

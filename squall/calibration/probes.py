@@ -174,6 +174,7 @@ class _Target:
     address: tuple[str, int]
     offset_ns: int  # stagger of this target's schedule
     sent: int = 0
+    unsent: int = 0  # of ``sent``, datagrams the kernel refused (ENOBUFS): they never entered the link
     replies: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # seq -> (send, server, receive) ns
     duplicates: int = 0
 
@@ -182,6 +183,7 @@ class _Target:
         times = list(self.replies.values())
         return {
             "sent": self.sent,
+            "unsent": self.unsent,
             "replies": len(self.replies),
             "lost": len(lost),
             "duplicates": self.duplicates,
@@ -214,7 +216,9 @@ class _UdpNode:
         self.by_rank = {t.rank: t for t in self.targets}
         self.received: dict[int, set[int]] = {s: set() for s, d in conf.pairs if d == ctx.rank}
         self.echoed: dict[int, int] = dict.fromkeys(self.received, 0)
+        self.unechoed: dict[int, int] = dict.fromkeys(self.received, 0)  # echoes the kernel refused to send
         self.stray = 0
+        self.rx_dropped: dict[str, int] = {"server": 0, "client": 0}
         self.pad = b"\0" * (conf.size - _UDP.size)
         self.buf = bytearray(2048)
 
@@ -241,8 +245,10 @@ class _UdpNode:
         for t in self.targets:
             while t.sent < self.conf.count and start_ns + t.offset_ns + t.sent * self.step_ns <= now:
                 packet = _UDP.pack(_PROBE, self.ctx.rank, t.sent, time.monotonic_ns(), 0) + self.pad
-                with contextlib.suppress(OSError):  # ENOBUFS, unreachable: the datagram counts as lost
+                try:
                     self.client.sendto(packet, t.address)
+                except OSError:  # ENOBUFS, unreachable: this host's refusal, not the link's loss
+                    t.unsent += 1
                 t.sent += 1
             if t.sent < self.conf.count:
                 nxt = min(nxt, start_ns + t.offset_ns + t.sent * self.step_ns)
@@ -276,8 +282,10 @@ class _UdpNode:
             self.received[src].add(seq)
             self.echoed[src] += 1
             echo = _UDP.pack(_ECHO, self.ctx.rank, seq, sent_ns, stamp) + bytes(self.buf[_UDP.size : n])
-            with contextlib.suppress(OSError):  # a full buffer loses the echo: counted as return loss
+            try:
                 self.server.sendto(echo, addr)
+            except OSError:  # a full send buffer: the echo never entered the return link
+                self.unechoed[src] += 1
 
     def _collect(self) -> None:
         for n, addr in _drain(self.client, self.buf):
@@ -304,9 +312,16 @@ class _UdpNode:
             "server_up_wall": self.server_up_wall,
             "late_s": late_s,
             "stray": self.stray,
+            "rx_dropped": self.rx_dropped,
             "targets": {str(t.rank): t.result(self.conf.count) for t in self.targets},
-            "sources": {str(s): {"received": len(seqs), "echoed": self.echoed[s]} for s, seqs in self.received.items()},
+            "sources": {str(s): {"received": len(seqs), "echoed": self.echoed[s], "unechoed": self.unechoed[s]}
+                        for s, seqs in self.received.items()},
         }
+
+    def read_drops(self) -> None:
+        """Keep what each socket's full receive buffer dropped (call before :meth:`close`)."""
+        drops = socket_drops([self.server, self.client])
+        self.rx_dropped = {"server": drops.get(self.server.fileno(), 0), "client": drops.get(self.client.fileno(), 0)}
 
     def close(self) -> None:
         self.server.close()
@@ -320,6 +335,27 @@ def _udp_socket(address: tuple[str, int]) -> socket.socket:
     sock.bind(address)
     sock.setblocking(False)
     return sock
+
+
+def socket_drops(socks: Sequence[socket.socket], table: str = "/proc/self/net/udp") -> dict[int, int]:
+    """Datagrams the kernel dropped on arrival at each socket (its receive buffer was full), by fd.
+
+    The last column of ``/proc/net/udp`` (this network namespace's UDP sockets), matched by the
+    socket's inode. Such a drop happened on this host after the link delivered the datagram, so
+    the probe must not count it as the link's loss. A socket not found reads 0.
+    """
+    inodes = {os.fstat(s.fileno()).st_ino: s.fileno() for s in socks}
+    out: dict[int, int] = {}
+    try:
+        with open(table) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 13 and fields[9].isdigit() and int(fields[9]) in inodes and fields[-1].isdigit():
+            out[inodes[int(fields[9])]] = int(fields[-1])
+    return out
 
 
 def _drain(sock: socket.socket, buf: bytearray) -> Iterator[tuple[int, Any]]:
@@ -342,6 +378,7 @@ def udp_probe(ctx: JobContext) -> dict[str, Any]:
     node = _UdpNode(ctx, conf)
     try:
         late = node.run()
+        node.read_drops()
     finally:
         node.close()
     if conf.raw:

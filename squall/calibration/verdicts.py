@@ -243,11 +243,14 @@ def loss_packets_needed(model: LossModel, confidence: float = LOSS_CONFIDENCE,
 
 def check_loss(link: tuple[int, int], model: LossModel, packets: int, lost: int,
                *, confidence: float = LOSS_CONFIDENCE, metric: str = "loss",
-               resolution: float = LOSS_RESOLUTION) -> Check:
+               resolution: float = LOSS_RESOLUTION, host_dropped: int = 0) -> Check:
     """The loss count against the acceptance region of the configured law.
 
     ``resolution`` is what the count must resolve (see :func:`loss_packets_needed`): a quick
     calibration asks for +-100 % of the mean loss instead of +-50 % and sizes its probe for that.
+    ``host_dropped``: at most this many of the ``lost`` were dropped by the receiving host's full
+    socket buffers, not by the link, so the link lost between ``lost - host_dropped`` and ``lost``;
+    the row passes when some count in that range is accepted.
     """
     want = 100 * model.mean
     need = loss_packets_needed(model, confidence, resolution)
@@ -262,10 +265,14 @@ def check_loss(link: tuple[int, int], model: LossModel, packets: int, lost: int,
     else:
         lo, hi = normal_range(packets, model.mean, model.variance, confidence)
         law = f"normal, variance x{model.dispersion:.2f} of binomial"
-    ok = lo <= lost <= hi
+    least = max(0, lost - max(0, host_dropped))
+    ok = lo <= lost and least <= hi
     w_lo, w_hi = wilson_interval(lost, packets, confidence)
     why = (f"{lost} of {packets} lost ({100 * lost / packets:.3f} %, Wilson {100 * w_lo:.3f}-{100 * w_hi:.3f} %); "
            f"accepted {lo}-{hi} ({law}, {confidence:.4g})")
+    if least < lost:
+        why += (f"; this host's full receive buffers dropped up to {lost - least} of them, "
+                f"so the link lost {least}-{lost}")
     return Check(link, metric, "%", want, 100 * lost / packets, 100 * lo / packets, 100 * hi / packets,
                  Validity.of(ok), why, packets, 1.0 - confidence)
 

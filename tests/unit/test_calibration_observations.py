@@ -59,6 +59,25 @@ def test_loss_is_split_by_direction() -> None:
     assert obs.round_trips[(0, 1)].rtt is not None and obs.round_trips[(0, 1)].rtt.mean == 12000
 
 
+def test_refused_sends_never_entered_and_receive_drops_are_the_hosts() -> None:
+    values = _two_nodes()
+    assert values[0] is not None and values[1] is not None
+    values[0]["targets"]["1"]["unsent"] = 4  # 0's kernel refused 4 of its 1000 probes to 1
+    values[1]["sources"]["0"]["unechoed"] = 3  # 1's kernel refused 3 of the 990 echoes to 0
+    values[1]["rx_dropped"] = {"server": 2, "client": 0}  # 1's echo server's buffer overflowed twice
+    values[0]["rx_dropped"] = {"server": 0, "client": 5}  # 0's prober's buffer overflowed 5 times
+    obs = parse_udp(values, [(0, 1), (1, 0)])
+    # 0 -> 1: 996 of 0's probes entered (990 reached 1's server, which may have dropped 2 of them), and
+    # 1000 echoes of 1's probes (995 reached 1's prober, which dropped none)
+    assert (obs.links[(0, 1)].packets, obs.links[(0, 1)].lost, obs.links[(0, 1)].host_dropped) == (1996, 11, 2)
+    # 1 -> 0: 1000 of 1's probes (all reached 0's server), 987 echoes of 0's probes entered and 980
+    # reached 0's prober, which may have dropped 5 of them
+    assert (obs.links[(1, 0)].packets, obs.links[(1, 0)].lost, obs.links[(1, 0)].host_dropped) == (1987, 7, 5)
+    trip = obs.round_trips[(0, 1)]  # 0's probes to 1: up to 2 lost at 1's server and 5 at 0's prober
+    assert (trip.sent, trip.replies, trip.host_dropped) == (996 - 3, 980, 2 + 5)
+    assert obs.round_trips[(1, 0)].host_dropped == 0
+
+
 def test_different_clocks_leave_only_round_trips() -> None:
     values = _two_nodes(clock={"boot_id": "b", "time_ns": "time:[2]"})
     assert not shared_clock({n: v for n, v in values.items() if v})

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -64,9 +66,10 @@ def test_udp_probe_every_pair(tmp_path: Path) -> None:
     for rank, v in values.items():
         assert set(v["targets"]) == {str(d) for d in range(3) if d != rank}
         for t in v["targets"].values():
-            assert t["sent"] == 200 and t["replies"] == 200 and t["lost"] == 0 and t["lost_seqs"] == []
+            assert t["sent"] == 200 and t["unsent"] == 0 and t["replies"] == 200 and t["lost"] == 0
+            assert t["lost_seqs"] == []
             assert t["rtt_us"]["count"] == 200 and 0 < t["rtt_us"]["p50"] < 50_000
-        assert v["late_s"] < 0 and v["stray"] == 0
+        assert v["late_s"] < 0 and v["stray"] == 0 and v["rx_dropped"] == {"server": 0, "client": 0}
     obs = parse_udp(values, pairs, raw_samples(records))
     assert obs.shared_clock and not obs.problems
     assert all((o.packets, o.lost) == (400, 0) for o in obs.links.values())
@@ -78,7 +81,28 @@ def test_udp_probe_only_the_named_pairs(tmp_path: Path) -> None:
               "start_wall": time.time() + 0.5}
     values, _ = _run_all(probes.udp_probe, config, tmp_path)
     assert list(values[0]["targets"]) == ["2"] and values[1]["targets"] == {}
-    assert values[2]["sources"] == {"0": {"received": 50, "echoed": 50}}
+    assert values[2]["sources"] == {"0": {"received": 50, "echoed": 50, "unechoed": 0}}
+
+
+def test_socket_drops_are_the_kernels_count_per_socket() -> None:
+    full = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    quiet = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with full, quiet, sender:
+        full.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum: a few datagrams
+        full.bind(("127.0.0.1", 0))
+        quiet.bind(("127.0.0.1", 0))
+        for _ in range(100):
+            sender.sendto(b"x" * 1000, full.getsockname())
+        drops = probes.socket_drops([full, quiet])
+        assert drops[quiet.fileno()] == 0
+        kept = 0
+        full.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while full.recv(2048):
+                kept += 1
+        assert drops[full.fileno()] == 100 - kept > 0
+        assert probes.socket_drops([sender], table="/nonexistent") == {}
 
 
 @pytest.mark.parametrize("config", [{"count": 0}, {"rate_pps": 0}, {"size": 8}, {"pairs": [[0, 0]]},

@@ -311,3 +311,15 @@ def test_a_short_rate_is_unknown_while_the_host_stalls_the_probes() -> None:
     assert check_rate(LINK, 1e9, 960e6, 1448, host_stalls=0.3, policy=HOST).verdict == P  # on target: judged anyway
     # too fast is never the host's doing
     assert check_rate(LINK, 1e8, 150e6, 1448, host_stalls=0.3, policy=HOST).verdict == F
+
+
+@pytest.mark.parametrize("lost, host_dropped, verdict", [
+    (58, 0, F),  # above the 99 % region 25..57
+    (58, 1, P),  # one of them may be this host's full receive buffer: 57 is accepted
+    (60, 2, F),  # still above after every drop the host owns up to
+    (24, 5, F),  # too few lost: host drops only ever lower the link's share
+])
+def test_loss_leaves_the_hosts_own_receive_drops_to_the_host(lost: int, host_dropped: int, verdict: str) -> None:
+    row = check_loss(LINK, loss_model(Loss(0.01)), 4000, lost, host_dropped=host_dropped)
+    assert row.verdict == verdict, row.why
+    assert ("full receive buffers" in row.why) == (host_dropped > 0)
