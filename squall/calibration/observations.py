@@ -103,7 +103,7 @@ class _Accumulator:
         self.legs: dict[Link, list[Moments | None]] = defaultdict(list)
         self.samples: dict[Link, list[float]] = defaultdict(list)
         self.counts: dict[Link, tuple[int, int]] = {}
-        self.drops: dict[Link, dict[tuple[int, str], int]] = defaultdict(dict)  # per receiving (node, socket)
+        self.drops: dict[Link, dict[str, int]] = defaultdict(dict)  # per socket of the link's receiving node
 
     def add_delays(self, pair: Link, target: Mapping[str, Any], rows: Sequence[Sample]) -> None:
         there, back = pair, (pair[1], pair[0])
@@ -114,13 +114,12 @@ class _Accumulator:
             self.legs[there].append(Moments.from_summary(target.get("fwd_us")))
             self.legs[back].append(Moments.from_summary(target.get("rev_us")))
 
-    def add_counts(self, link: Link, packets: int, lost: int, dropped: tuple[int, str, int]) -> None:
-        """``packets`` entered ``link`` and ``lost`` of them never arrived; ``dropped`` is the receiving
-        (node, socket, count) of receive-buffer drops, counted once per socket."""
+    def add_counts(self, link: Link, packets: int, lost: int, sock: str, dropped: int) -> None:
+        """``packets`` entered ``link`` and ``lost`` of them never arrived at the ``sock`` socket of its
+        receiving node, whose full receive buffer dropped ``dropped`` datagrams (counted once per socket)."""
         old = self.counts.get(link, (0, 0))
         self.counts[link] = (old[0] + packets, old[1] + lost)
-        if dropped[2]:
-            self.drops[link][dropped[:2]] = dropped[2]
+        self.drops[link][sock] = dropped
 
     def dropped(self, link: Link) -> int:
         return sum(self.drops.get(link, {}).values())
@@ -164,8 +163,8 @@ def parse_udp(values: Mapping[int, Mapping[str, Any] | None], pairs: Sequence[Li
         acc.add_delays((s, d), target, rows)
         if source is not None and not late & {s, d}:
             received, replies = int(source["received"]), int(target["replies"])
-            acc.add_counts((s, d), sent, sent - received, (d, "server", at_d))  # the probes
-            acc.add_counts((d, s), received - unechoed, received - unechoed - replies, (s, "client", at_s))  # echoes
+            acc.add_counts((s, d), sent, sent - received, "server", at_d)  # the probes
+            acc.add_counts((d, s), received - unechoed, received - unechoed - replies, "client", at_s)  # echoes
     for link, values_us in acc.samples.items():
         acc.legs[link].append(Moments.of(values_us))
     clock = shared_clock(good) and not _negative_legs(acc.legs, problems)
